@@ -1,0 +1,188 @@
+//! One call's types: who calls, how it ended, and what it logged.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::clip::Clipped;
+use crate::schema::ArgError;
+
+/// Who is calling: the embedding application says this, never the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Caller {
+    pub tenant: String,
+    /// Opaque JSON handed to the tool as `ctx.data` (`null` if none).
+    #[serde(default)]
+    pub data: Value,
+}
+
+impl Caller {
+    pub fn tenant(tenant: impl Into<String>) -> Self {
+        Caller {
+            tenant: tenant.into(),
+            data: Value::Null,
+        }
+    }
+
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = data;
+        self
+    }
+}
+
+/// What a tool sees of its call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallContext {
+    pub tenant: String,
+    pub call_id: String,
+    pub tool: String,
+    pub data: Value,
+}
+
+/// A failure the tool reports itself (as opposed to a limit the host enforced).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    /// The arguments passed the schema but the tool cannot use them.
+    #[error("invalid arguments: {0}")]
+    InvalidArgs(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl ToolError {
+    pub fn failed(message: impl fmt::Display) -> Self {
+        ToolError::Failed(message.to_string())
+    }
+
+    pub fn invalid_args(message: impl fmt::Display) -> Self {
+        ToolError::InvalidArgs(message.to_string())
+    }
+}
+
+/// How a call failed. Each limit has its own variant, so an operator can tell which one a
+/// tool hit; [`CallError::code`] is the stable name for each.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CallError {
+    /// No tool of that name for this tenant. Says the same whether or not another tenant has
+    /// one, so existence does not leak.
+    #[error("no tool named `{name}`")]
+    NotFound { name: String },
+    #[error("invalid arguments: {}", list(errors))]
+    InvalidArgs { errors: Vec<ArgError> },
+    #[error("tool error: {0}")]
+    Tool(#[from] ToolError),
+    #[error("timed out after {limit_ms} ms (limits.timeout_ms)")]
+    Timeout { limit_ms: u64 },
+    #[error("ran out of fuel after {limit} units (limits.fuel)")]
+    OutOfFuel { limit: u64 },
+    #[error("exceeded its memory limit of {limit_bytes} bytes (limits.memory_bytes)")]
+    MemoryLimit { limit_bytes: u64 },
+    /// The guest crashed: a Wasm trap, with the guest's own message where it left one.
+    #[error("trapped: {message}")]
+    Trap { message: String },
+    /// The tool returned something that is not JSON.
+    #[error("returned invalid output: {reason}")]
+    InvalidOutput { reason: String },
+    /// The host could not run the call (for example, its stored component is missing).
+    #[error("host error: {message}")]
+    Internal { message: String },
+}
+
+fn list(errors: &[ArgError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl CallError {
+    /// A stable, machine-readable name for the outcome.
+    pub fn code(&self) -> &'static str {
+        match self {
+            CallError::NotFound { .. } => "not_found",
+            CallError::InvalidArgs { .. } => "invalid_args",
+            CallError::Tool(_) => "tool_error",
+            CallError::Timeout { .. } => "timeout",
+            CallError::OutOfFuel { .. } => "out_of_fuel",
+            CallError::MemoryLimit { .. } => "memory_limit",
+            CallError::Trap { .. } => "trap",
+            CallError::InvalidOutput { .. } => "invalid_output",
+            CallError::Internal { .. } => "internal",
+        }
+    }
+}
+
+/// Everything one call produced.
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    pub call_id: String,
+    pub tool: String,
+    pub result: Result<Value, CallError>,
+    /// Set when the result was over `max_result_chars` and was clipped to fit.
+    pub clipped: Option<Clipped>,
+    pub log: CallLog,
+    pub duration: Duration,
+    /// Fuel the guest burned (Wasm tools only).
+    pub fuel_used: Option<u64>,
+}
+
+impl CallOutcome {
+    /// `"ok"` or the error's [`CallError::code`].
+    pub fn code(&self) -> &'static str {
+        self.result.as_ref().map_or_else(CallError::code, |_| "ok")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LogLine {
+    pub level: Level,
+    pub message: String,
+}
+
+/// What a call logged: helper log lines and the guest's stdout and stderr, each capped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CallLog {
+    pub lines: Vec<LogLine>,
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes past the caps, counted and dropped.
+    pub dropped_bytes: u64,
+}
+
+impl CallLog {
+    /// The message of a Rust panic in the guest's stderr, if it left one.
+    pub fn guest_panic(&self) -> Option<&str> {
+        let after = self.stderr.split_once(" panicked at ")?.1;
+        let message = after.split_once('\n')?.1;
+        let end = message.find("\nnote: ").unwrap_or(message.len());
+        Some(message[..end].trim()).filter(|m| !m.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_panic_is_read_from_stderr() {
+        let log = CallLog {
+            stderr: "\nthread '<unnamed>' panicked at src/lib.rs:51:5:\nboom: it broke\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n".into(),
+            ..CallLog::default()
+        };
+        assert_eq!(log.guest_panic(), Some("boom: it broke"));
+        assert_eq!(CallLog::default().guest_panic(), None);
+    }
+}

@@ -1,0 +1,30 @@
+//! toolhost: a sandboxed host for user-authored tools that AI agents call.
+//!
+//! ```no_run
+//! # async fn demo(wasm: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
+//! use toolhost::{Caller, Host, HostConfig};
+//!
+//! let host = Host::open(HostConfig::default())?;
+//! host.install("acme", wasm).await?;
+//! let outcome = host
+//!     .call(&Caller::tenant("acme"), "text_stats", serde_json::json!({"text": "hi there"}))
+//!     .await;
+//! println!("{}", outcome.result?);
+//! # Ok(()) }
+//! ```
+
+pub mod call;
+pub mod clip;
+pub mod helpers;
+mod host;
+pub mod registry;
+pub mod sandbox;
+pub mod schema;
+pub mod spec;
+pub mod store;
+
+pub use call::{CallContext, CallError, CallLog, CallOutcome, Caller, Level, ToolError};
+pub use helpers::Helpers;
+pub use host::{Host, HostConfig, InstallError, OpenError, Source, ToolInfo};
+pub use sandbox::SandboxConfig;
+pub use spec::{Limits, SpecError, ToolSpec};

@@ -1,0 +1,182 @@
+//! `toolhost`: install, list, describe, call and remove tools on a local data directory.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use serde_json::Value;
+use toolhost::{Caller, Host, HostConfig, Source};
+
+#[derive(Parser)]
+#[command(
+    name = "toolhost",
+    version,
+    about = "A sandboxed host for tools that AI agents call"
+)]
+struct Cli {
+    /// Where installed tools are kept [default: $XDG_DATA_HOME/toolhost or ~/.local/share/toolhost]
+    #[arg(long, env = "TOOLHOST_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
+    /// The tenant to act for.
+    #[arg(
+        long,
+        env = "TOOLHOST_TENANT",
+        default_value = "default",
+        global = true
+    )]
+    tenant: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install every tool a component (.wasm) offers.
+    Install { file: PathBuf },
+    /// List the tools an agent of the tenant sees.
+    List {
+        /// Print the specs as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a tool's spec and source as JSON.
+    Describe { tool: String },
+    /// Call a tool with JSON arguments and print its JSON result.
+    Call {
+        tool: String,
+        /// The arguments, a JSON object.
+        #[arg(default_value = "{}")]
+        args: String,
+        /// JSON handed to the tool as its context's `data`.
+        #[arg(long)]
+        data: Option<String>,
+        /// Also print the call's log, duration and fuel to stderr.
+        #[arg(long, short)]
+        verbose: bool,
+    },
+    /// Remove a tool.
+    Remove { tool: String },
+}
+
+/// A failure shown to the user, with the exit code it maps to.
+struct Failure(u8, String);
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new().expect("starting the tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(code, message)) => {
+            eprintln!("{message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn usage(message: impl std::fmt::Display) -> Failure {
+    Failure(2, format!("error: {message}"))
+}
+
+fn default_data_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/share")));
+    base.map_or_else(|| PathBuf::from(".toolhost"), |base| base.join("toolhost"))
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| usage(format!("cannot create {}: {e}", data_dir.display())))?;
+    let host = Host::open(HostConfig {
+        data_dir: Some(data_dir),
+        ..HostConfig::default()
+    })
+    .map_err(usage)?;
+    let tenant = cli.tenant;
+    match cli.command {
+        Command::Install { file } => {
+            let bytes =
+                std::fs::read(&file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
+            let specs = host.install(&tenant, bytes).await.map_err(usage)?;
+            for spec in specs {
+                println!("installed {}", spec.name);
+            }
+        }
+        Command::List { json } => {
+            let tools = host.list(&tenant);
+            if json {
+                let specs: Vec<_> = tools.iter().map(|t| &t.spec).collect();
+                println!("{}", pretty(&specs));
+            }
+            for tool in tools.iter().filter(|_| !json) {
+                let kind = match tool.source {
+                    Source::Native => "native",
+                    Source::Wasm { .. } => "wasm",
+                };
+                let summary = tool.spec.description.lines().next().unwrap_or_default();
+                println!("{:<24} {kind:<6} {summary}", tool.spec.name);
+            }
+        }
+        Command::Describe { tool } => {
+            let info = host
+                .describe(&tenant, &tool)
+                .ok_or_else(|| usage(format!("no tool named `{tool}`")))?;
+            println!("{}", pretty(&info));
+        }
+        Command::Call {
+            tool,
+            args,
+            data,
+            verbose,
+        } => {
+            let args: Value = serde_json::from_str(&args)
+                .map_err(|e| usage(format!("args are not JSON: {e}")))?;
+            let data = match data {
+                Some(data) => serde_json::from_str(&data)
+                    .map_err(|e| usage(format!("--data is not JSON: {e}")))?,
+                None => Value::Null,
+            };
+            let outcome = host
+                .call(&Caller::tenant(tenant).with_data(data), &tool, args)
+                .await;
+            if verbose {
+                eprintln!(
+                    "call {} took {:.2} ms, fuel {}",
+                    outcome.call_id,
+                    outcome.duration.as_secs_f64() * 1e3,
+                    outcome.fuel_used.map_or("-".into(), |f| f.to_string())
+                );
+                eprintln!("log: {}", pretty(&outcome.log));
+            }
+            if let Some(clipped) = outcome.clipped {
+                eprintln!(
+                    "note: the result was {} characters; clipped to {} (limits.max_result_chars)",
+                    clipped.original_chars, clipped.returned_chars
+                );
+            }
+            match outcome.result {
+                Ok(value) => println!("{}", pretty(&value)),
+                Err(error) => return Err(Failure(1, format!("error[{}]: {error}", error.code()))),
+            }
+        }
+        Command::Remove { tool } => {
+            let removed = host.remove(&tenant, &tool).map_err(usage)?;
+            if !removed {
+                return Err(usage(format!("no tool named `{tool}`")));
+            }
+            println!("removed {tool}");
+        }
+    }
+    Ok(())
+}
+
+fn pretty(value: &impl serde::Serialize) -> String {
+    serde_json::to_string_pretty(value).expect("JSON values serialize")
+}

@@ -1,0 +1,235 @@
+//! Compiling a tool's parameter schema and checking call arguments against it.
+//!
+//! A tenant's schema is hostile input: it is bounded in size and depth, and no `$ref` is ever
+//! resolved outside the schema itself (no network, no files).
+
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+pub const MAX_SCHEMA_DEPTH: usize = 64;
+/// A call with more failures than this reports the first ones; the rest add nothing.
+const MAX_REPORTED_ERRORS: usize = 20;
+
+/// A compiled parameter schema.
+pub struct ArgsValidator {
+    validator: jsonschema::Validator,
+}
+
+impl fmt::Debug for ArgsValidator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ArgsValidator")
+    }
+}
+
+/// One reason the arguments failed, at one place in them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArgError {
+    /// JSON Pointer into the arguments (`""` is the arguments object itself).
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ArgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "at {}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Refuses every external reference: a schema may only `$ref` into itself.
+struct NoExternalRefs;
+
+impl jsonschema::Retrieve for NoExternalRefs {
+    fn retrieve(
+        &self,
+        uri: &jsonschema::Uri<String>,
+    ) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
+        Err(format!("external $ref `{uri}` is not allowed; inline it or use $defs").into())
+    }
+}
+
+/// Compiles `parameters`; the error is the rule it broke, for a [`crate::spec::SpecError`].
+pub fn compile(parameters: &Value, strict: bool) -> Result<ArgsValidator, String> {
+    let size = serde_json::to_string(parameters).map_or(usize::MAX, |s| s.len());
+    if size > MAX_SCHEMA_BYTES {
+        return Err(format!(
+            "must be at most {MAX_SCHEMA_BYTES} bytes of JSON, got {size}"
+        ));
+    }
+    if depth(parameters) > MAX_SCHEMA_DEPTH {
+        return Err(format!("must nest at most {MAX_SCHEMA_DEPTH} levels deep"));
+    }
+    let top = parameters
+        .as_object()
+        .ok_or("must be a JSON Schema object")?;
+    if top.get("type") != Some(&Value::String("object".into())) {
+        return Err(r#"the top level must be {"type": "object", ...}"#.into());
+    }
+    let mut schema = parameters.clone();
+    if strict {
+        close_objects(&mut schema);
+    }
+    let validator = jsonschema::options()
+        .with_retriever(NoExternalRefs)
+        .should_validate_formats(true)
+        .build(&schema)
+        .map_err(|e| format!("not a valid JSON Schema: {e}"))?;
+    Ok(ArgsValidator { validator })
+}
+
+impl ArgsValidator {
+    /// Every failing place in `args`, up to a bound.
+    pub fn validate(&self, args: &Value) -> Result<(), Vec<ArgError>> {
+        let errors: Vec<ArgError> = self
+            .validator
+            .iter_errors(args)
+            .take(MAX_REPORTED_ERRORS)
+            .map(|e| ArgError {
+                path: e.instance_path().to_string(),
+                message: e.to_string(),
+            })
+            .collect();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+fn depth(value: &Value) -> usize {
+    match value {
+        Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Strict mode: every object schema that declares `properties` and says nothing about
+/// others gets `additionalProperties: false`. Walks schema keywords only, so a property that
+/// happens to be named `properties` is not mistaken for the keyword.
+fn close_objects(schema: &mut Value) {
+    let Some(map) = schema.as_object_mut() else {
+        return;
+    };
+    if map.contains_key("properties") && !map.contains_key("additionalProperties") {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (keyword, sub) in map.iter_mut() {
+        match keyword.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                sub.as_object_mut()
+                    .map(Map::values_mut)
+                    .into_iter()
+                    .flatten()
+                    .for_each(close_objects);
+            }
+            "allOf" | "anyOf" | "oneOf" | "prefixItems" => {
+                sub.as_array_mut()
+                    .into_iter()
+                    .flatten()
+                    .for_each(close_objects);
+            }
+            "items"
+            | "additionalProperties"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
+            | "propertyNames"
+            | "unevaluatedProperties"
+            | "unevaluatedItems" => close_objects(sub),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn paths(v: &ArgsValidator, args: Value) -> Vec<String> {
+        v.validate(&args)
+            .unwrap_err()
+            .into_iter()
+            .map(|e| e.path)
+            .collect()
+    }
+
+    #[test]
+    fn errors_name_each_failing_path() {
+        let v = compile(
+            &json!({"type": "object", "required": ["n"], "properties": {
+                "n": {"type": "integer", "maximum": 3},
+                "tags": {"type": "array", "items": {"type": "string"}}
+            }}),
+            false,
+        )
+        .unwrap();
+        assert!(v.validate(&json!({"n": 2})).is_ok());
+        let mut got = paths(&v, json!({"n": 5, "tags": ["a", 7]}));
+        got.sort();
+        assert_eq!(got, vec!["/n", "/tags/1"]);
+        let missing = v.validate(&json!({})).unwrap_err();
+        assert!(missing[0].message.contains("\"n\""), "{missing:?}");
+    }
+
+    #[test]
+    fn strict_rejects_undeclared_properties_at_every_level() {
+        let schema = json!({"type": "object", "properties": {
+            "inner": {"type": "object", "properties": {"a": {"type": "string"}}},
+            "properties": {"type": "string"}
+        }});
+        let loose = compile(&schema, false).unwrap();
+        assert!(loose.validate(&json!({"x": 1, "inner": {"y": 2}})).is_ok());
+        let strict = compile(&schema, true).unwrap();
+        let mut got = paths(&strict, json!({"x": 1, "inner": {"y": 2}}));
+        got.sort();
+        assert_eq!(got, vec!["", "/inner"]);
+        // a property literally named "properties" stays an ordinary property
+        assert!(strict.validate(&json!({"properties": "ok"})).is_ok());
+    }
+
+    #[test]
+    fn external_refs_are_refused_without_a_connection() {
+        // Port 9 on loopback: if anything tried to fetch, it would fail differently.
+        for r in ["http://127.0.0.1:9/s.json", "file:///etc/passwd"] {
+            let err = compile(
+                &json!({"type": "object", "properties": {"a": {"$ref": r}}}),
+                false,
+            )
+            .unwrap_err();
+            assert!(err.contains("not allowed"), "{r}: {err}");
+        }
+        let local = json!({"type": "object", "$defs": {"n": {"type": "integer"}},
+                           "properties": {"a": {"$ref": "#/$defs/n"}}});
+        let v = compile(&local, false).unwrap();
+        assert_eq!(paths(&v, json!({"a": "x"})), vec!["/a"]);
+    }
+
+    #[test]
+    fn oversized_and_deep_schemas_are_rejected() {
+        let big = json!({"type": "object", "description": "x".repeat(MAX_SCHEMA_BYTES)});
+        assert!(compile(&big, false).unwrap_err().contains("bytes"));
+        let mut deep = json!({"type": "object"});
+        for _ in 0..MAX_SCHEMA_DEPTH {
+            deep = json!({"type": "object", "properties": {"a": deep}});
+        }
+        assert!(compile(&deep, false).unwrap_err().contains("levels"));
+    }
+
+    #[test]
+    fn top_level_must_be_an_object_schema() {
+        assert!(compile(&json!({"type": "array"}), false).is_err());
+        assert!(compile(&json!(true), false).is_err());
+        assert!(compile(&json!({"properties": {}}), false).is_err());
+    }
+}
