@@ -1,41 +1,19 @@
 //! End to end: plugins built from source, installed and called through the library and the CLI.
 
-use std::path::{Path, PathBuf};
+#[path = "support/plugins.rs"]
+mod plugins;
+
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use plugins::{plugin, plugins_dir};
 use toolhost::sandbox::LoadError;
 use toolhost::{
     CallError, CallOutcome, Caller, Host, HostConfig, InstallError, Limits, SandboxConfig,
     ToolError, ToolSpec,
 };
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
-}
-
-/// The plugins' directory, built once per test binary by the same script the README uses.
-fn plugins_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(root().join("scripts/build-plugins"))
-            .output()
-            .expect("running scripts/build-plugins");
-        assert!(
-            out.status.success(),
-            "building plugins failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-}
-
-fn plugin(name: &str) -> Vec<u8> {
-    std::fs::read(plugins_dir().join(format!("{name}.wasm"))).unwrap()
-}
 
 async fn host_with(plugins: &[&str]) -> Host {
     let host = Host::open(HostConfig::default()).unwrap();
@@ -415,7 +393,7 @@ async fn bad_components_get_clear_errors() {
         Err(InstallError::Load(LoadError::TooLarge { .. }))
     ));
     assert!(
-        matches!(install(plugin("text_stats")).await, Ok(_)),
+        install(plugin("text_stats")).await.is_ok(),
         "the host still installs"
     );
     assert!(host.list("acme").iter().all(|t| t.spec.name != "garbage"));

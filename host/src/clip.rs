@@ -57,9 +57,22 @@ fn finish(value: Value, original_chars: usize) -> (Value, Option<Clipped>) {
     (value, Some(report))
 }
 
+/// Characters in `value`'s compact JSON, counted as it is written, without building it.
 pub fn json_chars(value: &Value) -> usize {
-    // Serializing a `Value` cannot fail: its keys are strings.
-    serde_json::to_string(value).map_or(usize::MAX, |s| s.chars().count())
+    struct CharCount(usize);
+    impl std::io::Write for CharCount {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            // Every UTF-8 byte but a continuation byte (0b10xx_xxxx) starts a character.
+            self.0 += buf.iter().filter(|&&b| (b as i8) >= -0x40).count();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = CharCount(0);
+    // Writing a `Value` cannot fail: its keys are strings and the sink never errors.
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
 }
 
 /// The largest string length, array length or key count anywhere in `value`.

@@ -199,9 +199,7 @@ mod tests {
     }
 
     fn field_of(spec: &ToolSpec) -> String {
-        spec.validate()
-            .err()
-            .expect("spec should be rejected")
+        spec.validate().expect_err("spec should be rejected")
             .field
     }
 

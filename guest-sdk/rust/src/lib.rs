@@ -22,6 +22,7 @@
 //! ```
 
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments)] // generated code
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../../wit",
@@ -74,7 +75,10 @@ type Run = Box<dyn Fn(&str, &Context) -> Result<String, ToolError>>;
 
 /// One tool: its definition for the agent and the function that runs it.
 pub struct Tool {
+    /// Everything but the schema, which only `list-tools` needs: deriving it on every call
+    /// would cost more than most tools' own work.
     def: types::ToolDef,
+    parameters: Box<dyn Fn() -> Value>,
     run: Run,
 }
 
@@ -91,7 +95,8 @@ impl Tool {
             let result = f(args, ctx)?;
             serde_json::to_string(&result).map_err(ToolError::failed)
         };
-        Self::raw(name, description, schema_of::<A>(), run)
+        let schema: fn() -> Value = schema_of::<A>;
+        Self::build(name, description, Box::new(schema), Box::new(run))
     }
 
     /// A tool that takes and returns JSON text as is, with a hand-written schema. The host
@@ -102,10 +107,14 @@ impl Tool {
         parameters: Value,
         run: impl Fn(&str, &Context) -> Result<String, ToolError> + 'static,
     ) -> Self {
+        Self::build(name, description, Box::new(move || parameters.clone()), Box::new(run))
+    }
+
+    fn build(name: &str, description: &str, parameters: Box<dyn Fn() -> Value>, run: Run) -> Self {
         let def = types::ToolDef {
             name: name.to_owned(),
             description: description.to_owned(),
-            parameters: parameters.to_string(),
+            parameters: String::new(),
             strict: false,
             group: None,
             private: false,
@@ -118,7 +127,8 @@ impl Tool {
         };
         Tool {
             def,
-            run: Box::new(run),
+            parameters,
+            run,
         }
     }
 
@@ -204,7 +214,13 @@ pub mod __private {
     use super::*;
 
     pub fn list_tools(tools: Vec<Tool>) -> Vec<types::ToolDef> {
-        tools.into_iter().map(|tool| tool.def).collect()
+        tools
+            .into_iter()
+            .map(|tool| types::ToolDef {
+                parameters: (tool.parameters)().to_string(),
+                ..tool.def
+            })
+            .collect()
     }
 
     pub fn call(
