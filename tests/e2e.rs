@@ -7,8 +7,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
 use plugins::{plugin, plugins_dir};
+use serde_json::{Value, json};
 use toolhost::sandbox::LoadError;
 use toolhost::{
     CallError, CallOutcome, Caller, Host, HostConfig, InstallError, Limits, SandboxConfig,

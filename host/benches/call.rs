@@ -84,19 +84,34 @@ async fn run() {
 
     let host = Host::open(HostConfig::default()).unwrap();
     host.install("bench", wasm.clone()).await.unwrap();
-    let schema = host.describe("bench", "text_stats").unwrap().spec.parameters;
+    let schema = host
+        .describe("bench", "text_stats")
+        .unwrap()
+        .spec
+        .parameters;
     host.natives()
         .register(
             ToolSpec::new("text_stats_native", "Native text stats.", schema),
             |args, _, _| async move { Ok(text_stats(args)) },
         )
         .unwrap();
-    let expected = host.call(&caller, "text_stats", args.clone()).await.result.unwrap();
-    let native = host.call(&caller, "text_stats_native", args.clone()).await.result.unwrap();
+    let expected = host
+        .call(&caller, "text_stats", args.clone())
+        .await
+        .result
+        .unwrap();
+    let native = host
+        .call(&caller, "text_stats_native", args.clone())
+        .await
+        .result
+        .unwrap();
     assert_eq!(expected, native, "both tools compute the same thing");
 
     println!("per-call latency, {CALLS} sequential calls after {WARMUP} warm-up, one thread");
-    println!("{:<28} {:>9} {:>9} {:>9}", "", "p50 µs", "p99 µs", "mean µs");
+    println!(
+        "{:<28} {:>9} {:>9} {:>9}",
+        "", "p50 µs", "p99 µs", "mean µs"
+    );
     let wasm_host = measure(async || {
         let out = host.call(&caller, "text_stats", args.clone()).await;
         assert!(out.result.is_ok());
@@ -115,7 +130,9 @@ async fn run() {
     };
     let args_text = args.to_string();
     let wasm_sandbox = measure(async || {
-        let run = sandbox.call(&prepared, &limits, Helpers::default(), &args_text, &ctx).await;
+        let run = sandbox
+            .call(&prepared, &limits, Helpers::default(), &args_text, &ctx)
+            .await;
         assert!(matches!(run.result, Ok(Ok(_))));
     })
     .await;
@@ -160,7 +177,18 @@ async fn first_call(wasm: &[u8], args: &Value) {
         v[v.len() / 2].as_secs_f64() * 1e3
     };
     println!();
-    println!("first call, median of {ROUNDS}, {} KB component", wasm.len() / 1000);
-    println!("{:<28} {:>9.2} ms", "install (compile + store)", median(install));
-    println!("{:<28} {:>9.2} ms", "first call after restart", median(restart));
+    println!(
+        "first call, median of {ROUNDS}, {} KB component",
+        wasm.len() / 1000
+    );
+    println!(
+        "{:<28} {:>9.2} ms",
+        "install (compile + store)",
+        median(install)
+    );
+    println!(
+        "{:<28} {:>9.2} ms",
+        "first call after restart",
+        median(restart)
+    );
 }

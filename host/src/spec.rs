@@ -199,8 +199,7 @@ mod tests {
     }
 
     fn field_of(spec: &ToolSpec) -> String {
-        spec.validate().expect_err("spec should be rejected")
-            .field
+        spec.validate().expect_err("spec should be rejected").field
     }
 
     #[test]

@@ -107,7 +107,12 @@ impl Tool {
         parameters: Value,
         run: impl Fn(&str, &Context) -> Result<String, ToolError> + 'static,
     ) -> Self {
-        Self::build(name, description, Box::new(move || parameters.clone()), Box::new(run))
+        Self::build(
+            name,
+            description,
+            Box::new(move || parameters.clone()),
+            Box::new(run),
+        )
     }
 
     fn build(name: &str, description: &str, parameters: Box<dyn Fn() -> Value>, run: Run) -> Self {
