@@ -400,6 +400,23 @@ async fn bad_components_get_clear_errors() {
 }
 
 #[tokio::test]
+async fn one_invalid_tool_refuses_the_whole_component() {
+    let host = Host::open(HostConfig::default()).unwrap();
+    let refused = host.install("acme", plugin("bad_spec")).await;
+    let Err(InstallError::Spec(error)) = refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(
+        (error.tool.as_str(), error.field.as_str()),
+        ("bad name!", "name")
+    );
+    assert!(
+        host.list("acme").is_empty(),
+        "not even the valid tool of the pack"
+    );
+}
+
+#[tokio::test]
 async fn tenants_do_not_see_each_others_tools() {
     let host = host_with(&["unit_convert"]).await;
     let other = Caller::tenant("globex");

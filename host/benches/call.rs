@@ -120,7 +120,7 @@ async fn run() {
     row("wasm   Host::call", &wasm_host);
 
     let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
-    let prepared = sandbox.load(&sandbox.compile(&wasm).unwrap()).unwrap();
+    let prepared = sandbox.prepare(&wasm).unwrap();
     let limits = Limits::default();
     let ctx = CallContext {
         tenant: "bench".into(),

@@ -177,13 +177,21 @@ impl Sandbox {
             .map_err(|e| LoadError::Compile(format!("{e:#}")))
     }
 
-    /// Loads an artifact that [`Sandbox::compile`] produced under this fingerprint and links
-    /// it.
+    /// Compiles and links a component in one step.
+    pub fn prepare(&self, component: &[u8]) -> Result<Prepared, LoadError> {
+        let artifact = self.compile(component)?;
+        // SAFETY: `compile` just produced this artifact with this engine.
+        unsafe { self.load(&artifact) }
+    }
+
+    /// Loads an artifact that [`Sandbox::compile`] produced and links it.
     ///
-    /// The caller vouches for provenance: the store hands over only artifacts this host wrote
-    /// and whose checksum still matches, since wasmtime runs their machine code as is.
-    pub fn load(&self, artifact: &[u8]) -> Result<Prepared, LoadError> {
-        // SAFETY: see above; the bytes are our own compiler's output, checked by content hash.
+    /// # Safety
+    ///
+    /// wasmtime runs the artifact's machine code as is: `artifact` must be the output of
+    /// `compile` on an engine with this fingerprint, unaltered (the store checks a checksum).
+    pub(crate) unsafe fn load(&self, artifact: &[u8]) -> Result<Prepared, LoadError> {
+        // SAFETY: the caller upholds this function's contract.
         let component = unsafe { Component::deserialize(&self.engine, artifact) }
             .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
         let pre = self
@@ -225,7 +233,7 @@ impl Sandbox {
     }
 
     /// Instantiates, runs `entry` under `limits`, and drops the instance.
-    async fn run<'a, T>(
+    async fn run<T>(
         &self,
         prepared: &Prepared,
         limits: &Limits,
@@ -235,8 +243,7 @@ impl Sandbox {
             Plugin,
         )
             -> Pin<Box<dyn Future<Output = wasmtime::Result<T>> + Send + 's>>
-        + Send
-        + 'a,
+        + Send,
     ) -> Run<T> {
         // Closed only if the sandbox is dropped, which cannot happen while `&self` lives.
         let Ok(_slot) = self.slots.acquire().await else {
