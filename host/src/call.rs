@@ -123,6 +123,8 @@ pub struct CallOutcome {
     pub result: Result<Value, CallError>,
     /// Set when the result was over `max_result_chars` and was clipped to fit.
     pub clipped: Option<Clipped>,
+    /// The result came from the result cache; the tool did not run.
+    pub cache_hit: bool,
     pub log: CallLog,
     pub duration: Duration,
     /// Fuel the guest burned (Wasm tools only).

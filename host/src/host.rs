@@ -1,38 +1,56 @@
 //! The host: one call from name and JSON to a clipped, typed outcome.
 //!
-//! resolve (native first, then the caller's tenant) -> validate args -> execute (fresh
-//! instance, or the native handler) under the tool's limits -> check and clip the result.
+//! resolve (native first, then the caller's tenant) -> validate args -> result cache ->
+//! execute (fresh instance, or the native handler) under the tool's limits -> check and clip
+//! the result -> cache it.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cache::{self, KeyPath};
 use crate::call::{CallContext, CallError, CallOutcome, Caller, ToolError};
 use crate::clip::clip;
 use crate::helpers::Helpers;
+use crate::loaded::Loaded;
 use crate::registry::{Catalog, NativeRegistry, NativeTool, WasmTool, is_valid_tenant};
 use crate::sandbox::{
     Fault, GuestToolDef, GuestToolError, LoadError, Prepared, Sandbox, SandboxConfig,
 };
-use crate::spec::{Limits, SpecError, ToolSpec};
-use crate::store::{Db, StoreError, ToolRecord, sha256_hex};
+use crate::schema::ArgsValidator;
+use crate::spec::{CachePolicy, Limits, SpecError, ToolSpec, is_valid_config_key};
+use crate::store::{ConfigValue, SledStore, Store, StoreError, ToolEntry, sha256_hex};
 
 /// A component may offer at most this many tools.
 pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
+/// A configuration value is at most this many bytes.
+pub const MAX_CONFIG_VALUE_BYTES: usize = 64 * 1024;
 /// A tool's own error message is cut to this many characters.
 const MAX_ERROR_CHARS: usize = 4096;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct HostConfig {
     /// Where installed tools persist. `None` keeps everything in memory.
     pub data_dir: Option<PathBuf>,
     pub sandbox: SandboxConfig,
+    /// Linked components kept in memory; past this the least recently used is dropped and
+    /// reloaded from its stored artifact on its next call.
+    pub max_loaded_components: usize,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            data_dir: None,
+            sandbox: SandboxConfig::default(),
+            max_loaded_components: 256,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +77,30 @@ pub enum InstallError {
     Spec(#[from] SpecError),
     #[error("tool `{0}`: the name belongs to a native tool of this host")]
     NativeName(String),
+    #[error("tool `{name}`: differs only in case from the existing tool `{existing}`")]
+    CaseConflict { name: String, existing: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManageError {
+    #[error("no tool named `{0}`")]
+    NotFound(String),
+    #[error("tool `{name}` has no version {version}; it has {available:?}")]
+    NoSuchVersion {
+        name: String,
+        version: u32,
+        available: Vec<u32>,
+    },
+    #[error("tool `{0}` has no earlier version to roll back to")]
+    NoEarlierVersion(String),
+    #[error("config key `{0}` must match ^[A-Za-z0-9_.-]{{1,128}}$")]
+    ConfigKey(String),
+    #[error("config value is {0} bytes; the limit is {MAX_CONFIG_VALUE_BYTES}")]
+    ConfigValue(usize),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -70,6 +112,7 @@ pub enum Source {
     Native,
     Wasm {
         component: String,
+        version: u32,
         installed_at_ms: u64,
     },
 }
@@ -81,42 +124,78 @@ pub struct ToolInfo {
     pub source: Source,
 }
 
+/// A tool resolved for one call.
+enum Resolved {
+    Native(Arc<NativeTool>),
+    Wasm(Arc<WasmTool>),
+}
+
+impl Resolved {
+    fn spec(&self) -> &ToolSpec {
+        match self {
+            Resolved::Native(tool) => &tool.spec,
+            Resolved::Wasm(tool) => tool.spec(),
+        }
+    }
+
+    fn validator(&self) -> &ArgsValidator {
+        match self {
+            Resolved::Native(tool) => &tool.validator,
+            Resolved::Wasm(tool) => &tool.validator,
+        }
+    }
+
+    /// Natives have no versions: 0.
+    fn version(&self) -> u32 {
+        match self {
+            Resolved::Native(_) => 0,
+            Resolved::Wasm(tool) => tool.version.version,
+        }
+    }
+}
+
 pub struct Host {
     natives: NativeRegistry,
     catalog: Catalog,
-    db: Db,
+    store: Arc<dyn Store>,
     sandbox: Arc<Sandbox>,
-    /// Linked components by sha256, so a call only instantiates.
-    prepared: Mutex<HashMap<String, Prepared>>,
+    loaded: Loaded,
     call_ids: CallIds,
 }
 
 impl Host {
-    /// Opens the store and loads every tenant's catalog. Components are compiled or loaded
-    /// lazily, on first call.
+    /// Opens the data directory (or an in-memory store) and loads every tenant's catalog.
+    /// Components are loaded lazily, on first call.
     pub fn open(config: HostConfig) -> Result<Self, OpenError> {
-        let db = match &config.data_dir {
-            Some(dir) => Db::open(dir)?,
-            None => Db::temporary()?,
+        let store: Arc<dyn Store> = match &config.data_dir {
+            Some(dir) => Arc::new(SledStore::open(dir)?),
+            None => Arc::new(SledStore::temporary()?),
         };
+        Self::with_store(store, config)
+    }
+
+    /// A host over any [`Store`]; `config.data_dir` is ignored.
+    pub fn with_store(store: Arc<dyn Store>, config: HostConfig) -> Result<Self, OpenError> {
         let sandbox =
             Sandbox::new(config.sandbox).map_err(|e| OpenError::Engine(format!("{e:#}")))?;
         let catalog = Catalog::default();
-        for record in db.tools()? {
-            match record.spec.validate() {
-                Ok(validator) => catalog.insert(WasmTool { record, validator }),
+        for entry in store.tool_entries()? {
+            match wasm_tool(&entry) {
+                Ok(tool) => catalog.insert(tool),
                 // Rules can tighten between versions: skip, loudly, rather than refuse to start.
                 Err(error) => {
-                    tracing::error!(tenant = record.tenant, %error, "stored tool no longer valid; not loaded")
+                    tracing::error!(tenant = entry.tenant, %error, "stored tool no longer valid; not loaded")
                 }
             }
         }
+        let purged = store.cache_purge(now_ms())?;
+        tracing::debug!(purged, "expired cached results dropped");
         Ok(Host {
             natives: NativeRegistry::default(),
             catalog,
-            db,
+            store,
             sandbox: Arc::new(sandbox),
-            prepared: Mutex::default(),
+            loaded: Loaded::new(config.max_loaded_components),
             call_ids: CallIds::default(),
         })
     }
@@ -126,8 +205,9 @@ impl Host {
         &self.natives
     }
 
-    /// Installs every tool a component offers for `tenant`, replacing tools of the same names.
-    /// Nothing is stored unless every tool's spec is valid.
+    /// Installs every tool a component offers for `tenant`. A tool whose name exists gets a
+    /// new version, which answers calls from now on (calls already running finish on theirs).
+    /// Nothing is stored unless every tool of the component is valid.
     pub async fn install(
         &self,
         tenant: &str,
@@ -138,7 +218,7 @@ impl Host {
         }
         let sha = sha256_hex(&component);
         let fingerprint = self.sandbox.fingerprint().to_owned();
-        let (component, artifact) = match self.db.artifact(&sha, &fingerprint)? {
+        let (component, artifact) = match self.store.artifact(&sha, &fingerprint)? {
             Some(artifact) => (component, artifact),
             None => {
                 let sandbox = self.sandbox.clone();
@@ -159,24 +239,39 @@ impl Host {
             .await
             .result
             .map_err(InstallError::ListTools)?;
-        let tools = self.check_defs(tenant, &sha, defs)?;
+        let specs = self.check_defs(tenant, defs)?;
 
-        self.db
+        let installed_at_ms = now_ms();
+        let mut entries = self.store.tool_entries_of(tenant)?;
+        let mut changed = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            let mut entry = match entries.iter().position(|e| e.name == spec.name) {
+                Some(at) => entries.swap_remove(at),
+                None => ToolEntry {
+                    tenant: tenant.to_owned(),
+                    name: spec.name.clone(),
+                    current: 0,
+                    versions: Vec::new(),
+                },
+            };
+            entry.push(spec.clone(), sha.clone(), installed_at_ms);
+            changed.push(entry);
+        }
+        self.store
             .put_component(&sha, &component, &fingerprint, &artifact)?;
-        let records: Vec<ToolRecord> = tools.iter().map(|t| t.record.clone()).collect();
-        self.db.put_tools(&records)?;
-        self.lock_prepared().insert(sha, prepared);
-        let specs = records.into_iter().map(|r| r.spec).collect();
-        tools.into_iter().for_each(|tool| self.catalog.insert(tool));
+        self.store.put_tool_entries(&changed)?;
+        self.loaded.insert(&sha, prepared);
+        for entry in &changed {
+            self.catalog.insert(wasm_tool(entry)?);
+        }
         Ok(specs)
     }
 
     fn check_defs(
         &self,
         tenant: &str,
-        sha: &str,
         defs: Vec<GuestToolDef>,
-    ) -> Result<Vec<WasmTool>, InstallError> {
+    ) -> Result<Vec<ToolSpec>, InstallError> {
         match defs.len() {
             0 => return Err(InstallError::NoTools),
             count if count > MAX_TOOLS_PER_COMPONENT => {
@@ -184,28 +279,38 @@ impl Host {
             }
             _ => {}
         }
-        let installed_at_ms = now_ms();
-        let mut tools: Vec<WasmTool> = Vec::with_capacity(defs.len());
+        let mut specs: Vec<ToolSpec> = Vec::with_capacity(defs.len());
         for def in defs {
             let spec = spec_from_guest(def)?;
-            if self.natives.get(&spec.name).is_some() {
+            spec.validate()?;
+            let name = &spec.name;
+            if self.natives.get(name).is_some() {
                 return Err(InstallError::NativeName(spec.name));
             }
-            if tools.iter().any(|t| t.record.spec.name == spec.name) {
-                return Err(
-                    SpecError::new(&spec.name, "name", "appears twice in this component").into(),
-                );
+            let twin = self
+                .natives
+                .case_twin(name)
+                .or_else(|| self.catalog.case_twin(tenant, name));
+            let twin = twin.or_else(|| {
+                specs
+                    .iter()
+                    .find(|s| s.name.eq_ignore_ascii_case(name))
+                    .map(|s| s.name.clone())
+            });
+            if let Some(existing) = twin {
+                if existing == *name {
+                    return Err(
+                        SpecError::new(name, "name", "appears twice in this component").into(),
+                    );
+                }
+                return Err(InstallError::CaseConflict {
+                    name: spec.name,
+                    existing,
+                });
             }
-            let validator = spec.validate()?;
-            let record = ToolRecord {
-                tenant: tenant.to_owned(),
-                spec,
-                component: sha.to_owned(),
-                installed_at_ms,
-            };
-            tools.push(WasmTool { record, validator });
+            specs.push(spec);
         }
-        Ok(tools)
+        Ok(specs)
     }
 
     /// Tools an agent of `tenant` may see: natives, then the tenant's own. Private ones are left out.
@@ -230,13 +335,93 @@ impl Host {
         }
     }
 
-    /// Removes a tenant's tool. Calls already running finish; later ones get `not_found`.
+    /// A tenant's tool with every kept version.
+    pub fn versions(&self, tenant: &str, name: &str) -> Result<ToolEntry, ManageError> {
+        self.store
+            .tool_entries_of(tenant)?
+            .into_iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| ManageError::NotFound(name.to_owned()))
+    }
+
+    /// Makes an earlier version answer calls: `to`, or the one before the current. Returns
+    /// the version now current.
+    pub fn rollback(&self, tenant: &str, name: &str, to: Option<u32>) -> Result<u32, ManageError> {
+        let mut entry = self.versions(tenant, name)?;
+        let target = match to {
+            Some(version) => version,
+            None => entry
+                .versions
+                .iter()
+                .map(|v| v.version)
+                .filter(|&v| v < entry.current)
+                .max()
+                .ok_or_else(|| ManageError::NoEarlierVersion(name.to_owned()))?,
+        };
+        if entry.version(target).is_none() {
+            let available = entry.versions.iter().map(|v| v.version).collect();
+            return Err(ManageError::NoSuchVersion {
+                name: name.to_owned(),
+                version: target,
+                available,
+            });
+        }
+        entry.current = target;
+        let tool = wasm_tool(&entry)?;
+        self.store.put_tool_entries(std::slice::from_ref(&entry))?;
+        self.catalog.insert(tool);
+        Ok(target)
+    }
+
+    /// Removes a tenant's tool and its versions. Calls already running finish; later ones get
+    /// `not_found`.
     pub fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
         if self.catalog.get(tenant, name).is_none() {
             return Ok(false);
         }
-        self.db.remove_tool(tenant, name)?;
+        self.store.remove_tool_entry(tenant, name)?;
         Ok(self.catalog.remove(tenant, name))
+    }
+
+    /// Sets a configuration value of `tenant`, readable by its tools that declare `key`.
+    /// A secret is never shown again: not in listings, logs or error messages.
+    pub fn set_config(
+        &self,
+        tenant: &str,
+        key: &str,
+        value: &str,
+        secret: bool,
+    ) -> Result<(), ManageError> {
+        if !is_valid_config_key(key) {
+            return Err(ManageError::ConfigKey(key.chars().take(129).collect()));
+        }
+        if value.len() > MAX_CONFIG_VALUE_BYTES {
+            return Err(ManageError::ConfigValue(value.len()));
+        }
+        let value = ConfigValue {
+            value: value.to_owned(),
+            secret,
+        };
+        Ok(self.store.config_set(tenant, key, &value)?)
+    }
+
+    pub fn remove_config(&self, tenant: &str, key: &str) -> Result<bool, ManageError> {
+        Ok(self.store.config_delete(tenant, key)?)
+    }
+
+    /// The tenant's configuration keys, each with its value unless it is a secret.
+    pub fn config(&self, tenant: &str) -> Result<Vec<(String, Option<String>)>, ManageError> {
+        let mut shown = Vec::new();
+        for key in self.store.config_keys(tenant)? {
+            let value = self.store.config_get(tenant, &key)?;
+            shown.push((key, value.filter(|v| !v.secret).map(|v| v.value)));
+        }
+        Ok(shown)
+    }
+
+    /// Linked components in memory now (bounded by `max_loaded_components`).
+    pub fn loaded_components(&self) -> usize {
+        self.loaded.len()
     }
 
     /// Calls `name` for `caller` with JSON `args`. Never panics: every failure is an outcome.
@@ -248,70 +433,109 @@ impl Host {
             tool: name.to_owned(),
             data: caller.data.clone(),
         };
-        let helpers = Helpers::default();
-        let (result, limits, fuel_used) = match self.natives.get(name) {
-            Some(native) => {
-                let result = run_native(&native, args, helpers.clone(), ctx.clone()).await;
-                (result, native.spec.limits, None)
-            }
-            None => match self.catalog.get(&caller.tenant, name) {
-                Some(tool) => {
-                    let (result, fuel) = self.run_wasm(&tool, args, helpers.clone(), &ctx).await;
-                    (result, tool.record.spec.limits, fuel)
-                }
-                None => (
-                    Err(CallError::NotFound {
-                        name: name.to_owned(),
-                    }),
-                    Limits::default(),
-                    None,
-                ),
-            },
+        let resolved = match self.natives.get(name) {
+            Some(native) => Some(Resolved::Native(native)),
+            None => self.catalog.get(&caller.tenant, name).map(Resolved::Wasm),
         };
-        let (result, clipped) = match result {
-            Ok(value) => {
-                let (value, clipped) = clip(value, limits.max_result_chars as usize);
-                (Ok(value), clipped)
-            }
-            Err(error) => (Err(error), None),
+        let config_keys = resolved.as_ref().map_or(&[][..], |r| &r.spec().config[..]);
+        let helpers = Helpers::for_call(self.store.clone(), &ctx.tenant, name, config_keys);
+        let mut outcome = CallOutcome {
+            call_id: ctx.call_id.clone(),
+            tool: ctx.tool.clone(),
+            result: Err(CallError::NotFound {
+                name: name.to_owned(),
+            }),
+            clipped: None,
+            cache_hit: false,
+            log: Default::default(),
+            duration: Default::default(),
+            fuel_used: None,
         };
-        let outcome = CallOutcome {
-            call_id: ctx.call_id,
-            tool: ctx.tool,
-            result,
-            clipped,
-            log: helpers.snapshot(),
-            duration: started.elapsed(),
-            fuel_used,
-        };
+        if let Some(tool) = &resolved {
+            self.run(tool, args, &helpers, &ctx, &mut outcome).await;
+        }
+        outcome.log = helpers.snapshot();
+        outcome.duration = started.elapsed();
         tracing::info!(
             tenant = ctx.tenant,
             tool = outcome.tool,
+            version = resolved.as_ref().map(Resolved::version),
             call_id = outcome.call_id,
             outcome = outcome.code(),
             ms = outcome.duration.as_secs_f64() * 1e3,
             fuel = outcome.fuel_used,
+            cache_hit = outcome.cache_hit,
             clipped = outcome.clipped.is_some(),
             "call"
         );
         outcome
     }
 
+    async fn run(
+        &self,
+        tool: &Resolved,
+        args: Value,
+        helpers: &Helpers,
+        ctx: &CallContext,
+        outcome: &mut CallOutcome,
+    ) {
+        if let Err(errors) = tool.validator().validate(&args) {
+            outcome.result = Err(CallError::InvalidArgs { errors });
+            return;
+        }
+        let spec = tool.spec();
+        let cache_key = spec
+            .cache
+            .as_ref()
+            .map(|policy| cached_key(policy, &ctx.tenant, tool, &args));
+        if let Some(key) = &cache_key {
+            match self.store.cache_get(key, now_ms()) {
+                Ok(Some(value)) => {
+                    outcome.result = Ok(value);
+                    outcome.cache_hit = true;
+                    return;
+                }
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "result cache unreadable; running the tool"),
+            }
+        }
+        let result = match tool {
+            Resolved::Native(native) => {
+                run_native(native, args, helpers.clone(), ctx.clone()).await
+            }
+            Resolved::Wasm(wasm) => {
+                let (result, fuel) = self.run_wasm(wasm, args, helpers, ctx).await;
+                outcome.fuel_used = fuel;
+                result
+            }
+        };
+        outcome.result = match result {
+            Ok(value) => {
+                let (value, clipped) = clip(value, spec.limits.max_result_chars as usize);
+                outcome.clipped = clipped;
+                if let (Some(key), Some(policy)) = (&cache_key, &spec.cache)
+                    && let Err(error) = self.store.cache_put(key, now_ms() + policy.ttl_ms, &value)
+                {
+                    tracing::warn!(%error, "result not cached");
+                }
+                Ok(value)
+            }
+            Err(error) => Err(redact_error(error, helpers)),
+        };
+    }
+
     async fn run_wasm(
         &self,
         tool: &WasmTool,
         args: Value,
-        helpers: Helpers,
+        helpers: &Helpers,
         ctx: &CallContext,
     ) -> (Result<Value, CallError>, Option<u64>) {
-        if let Err(errors) = tool.validator.validate(&args) {
-            return (Err(CallError::InvalidArgs { errors }), None);
-        }
-        let prepared = match self.prepared_for(&tool.record.component).await {
+        let prepared = match self.prepared(&tool.version.component).await {
             Ok(prepared) => prepared,
             Err(message) => return (Err(CallError::Internal { message }), None),
         };
-        let limits = &tool.record.spec.limits;
+        let limits = &tool.spec().limits;
         let run = self
             .sandbox
             .call(&prepared, limits, helpers.clone(), &args.to_string(), ctx)
@@ -326,27 +550,27 @@ impl Host {
             Ok(Err(GuestToolError::Failed(m))) => {
                 Err(ToolError::Failed(truncate(&m, MAX_ERROR_CHARS)).into())
             }
-            Err(fault) => Err(fault_to_error(fault, limits, &helpers)),
+            Err(fault) => Err(fault_to_error(fault, limits, helpers)),
         };
         (result, Some(run.fuel_used))
     }
 
     /// The linked component for `sha`: from memory, else the stored artifact, else compiled
     /// from the stored blob (and the artifact stored for next time).
-    async fn prepared_for(&self, sha: &str) -> Result<Prepared, String> {
-        if let Some(prepared) = self.lock_prepared().get(sha) {
-            return Ok(prepared.clone());
+    async fn prepared(&self, sha: &str) -> Result<Prepared, String> {
+        if let Some(prepared) = self.loaded.get(sha) {
+            return Ok(prepared);
         }
         let fingerprint = self.sandbox.fingerprint().to_owned();
         let artifact = match self
-            .db
+            .store
             .artifact(sha, &fingerprint)
             .map_err(|e| e.to_string())?
         {
             Some(artifact) => artifact,
             None => {
                 let blob = self
-                    .db
+                    .store
                     .blob(sha)
                     .map_err(|e| e.to_string())?
                     .ok_or_else(|| format!("component {sha} is missing from the store"))?;
@@ -355,7 +579,7 @@ impl Host {
                     .await
                     .expect("compilation does not panic")
                     .map_err(|e| e.to_string())?;
-                self.db
+                self.store
                     .put_artifact(sha, &fingerprint, &artifact)
                     .map_err(|e| e.to_string())?;
                 artifact
@@ -363,14 +587,25 @@ impl Host {
         };
         // SAFETY: as in `install`: compiled here, or checksummed by the store.
         let prepared = unsafe { self.sandbox.load(&artifact) }.map_err(|e| e.to_string())?;
-        self.lock_prepared()
-            .insert(sha.to_owned(), prepared.clone());
+        self.loaded.insert(sha, prepared.clone());
         Ok(prepared)
     }
+}
 
-    fn lock_prepared(&self) -> std::sync::MutexGuard<'_, HashMap<String, Prepared>> {
-        self.prepared.lock().unwrap_or_else(|p| p.into_inner())
-    }
+fn wasm_tool(entry: &ToolEntry) -> Result<WasmTool, SpecError> {
+    let version = entry.current().clone();
+    let validator = version.spec.validate()?;
+    Ok(WasmTool {
+        tenant: entry.tenant.clone(),
+        version,
+        validator,
+    })
+}
+
+fn cached_key(policy: &CachePolicy, tenant: &str, tool: &Resolved, args: &Value) -> [u8; 32] {
+    // The spec was validated, so its key path parses.
+    let selected = KeyPath::parse(&policy.key_path).map_or(&Value::Null, |path| path.select(args));
+    cache::key(tenant, &tool.spec().name, tool.version(), selected)
 }
 
 async fn run_native(
@@ -379,9 +614,6 @@ async fn run_native(
     helpers: Helpers,
     ctx: CallContext,
 ) -> Result<Value, CallError> {
-    if let Err(errors) = tool.validator.validate(&args) {
-        return Err(CallError::InvalidArgs { errors });
-    }
     let limit = tool.spec.limits.timeout();
     // Its own task, so that a panic in the handler stays in that task.
     let mut task = tokio::spawn((tool.handler)(args, helpers, ctx));
@@ -434,6 +666,23 @@ fn fault_to_error(fault: Fault, limits: &Limits, helpers: &Helpers) -> CallError
     }
 }
 
+/// A tool's own words may quote a secret it read: never pass one on.
+fn redact_error(error: CallError, helpers: &Helpers) -> CallError {
+    match error {
+        CallError::Tool(ToolError::Failed(m)) => ToolError::Failed(helpers.redact(&m)).into(),
+        CallError::Tool(ToolError::InvalidArgs(m)) => {
+            ToolError::InvalidArgs(helpers.redact(&m)).into()
+        }
+        CallError::Trap { message } => CallError::Trap {
+            message: helpers.redact(&message),
+        },
+        CallError::InvalidOutput { reason } => CallError::InvalidOutput {
+            reason: helpers.redact(&reason),
+        },
+        other => other,
+    }
+}
+
 fn spec_from_guest(def: GuestToolDef) -> Result<ToolSpec, SpecError> {
     let parameters = serde_json::from_str(&def.parameters)
         .map_err(|e| SpecError::new(&def.name, "parameters", format!("not JSON: {e}")))?;
@@ -454,6 +703,11 @@ fn spec_from_guest(def: GuestToolDef) -> Result<ToolSpec, SpecError> {
                 .max_result_chars
                 .unwrap_or(defaults.max_result_chars),
         },
+        cache: def.cache.map(|c| CachePolicy {
+            ttl_ms: c.ttl_ms,
+            key_path: c.key_path,
+        }),
+        config: def.config,
     })
 }
 
@@ -466,10 +720,11 @@ fn native_info(tool: &NativeTool) -> ToolInfo {
 
 fn wasm_info(tool: &WasmTool) -> ToolInfo {
     ToolInfo {
-        spec: tool.record.spec.clone(),
+        spec: tool.spec().clone(),
         source: Source::Wasm {
-            component: tool.record.component.clone(),
-            installed_at_ms: tool.record.installed_at_ms,
+            component: tool.version.component.clone(),
+            version: tool.version.version,
+            installed_at_ms: tool.version.installed_at_ms,
         },
     }
 }

@@ -13,10 +13,12 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cache;
 pub mod call;
 pub mod clip;
 pub mod helpers;
 mod host;
+mod loaded;
 pub mod registry;
 pub mod sandbox;
 pub mod schema;
@@ -24,7 +26,8 @@ pub mod spec;
 pub mod store;
 
 pub use call::{CallContext, CallError, CallLog, CallOutcome, Caller, Level, ToolError};
-pub use helpers::Helpers;
-pub use host::{Host, HostConfig, InstallError, OpenError, Source, ToolInfo};
+pub use helpers::{HelperError, Helpers};
+pub use host::{Host, HostConfig, InstallError, ManageError, OpenError, Source, ToolInfo};
 pub use sandbox::SandboxConfig;
-pub use spec::{Limits, SpecError, ToolSpec};
+pub use spec::{CachePolicy, Limits, SpecError, ToolSpec};
+pub use store::{SledStore, Store, StoreError, ToolEntry, ToolVersion};

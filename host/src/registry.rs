@@ -12,7 +12,7 @@ use crate::call::{CallContext, ToolError};
 use crate::helpers::Helpers;
 use crate::schema::ArgsValidator;
 use crate::spec::{SpecError, ToolSpec};
-use crate::store::ToolRecord;
+use crate::store::ToolVersion;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Handler =
@@ -25,10 +25,17 @@ pub struct NativeTool {
     pub(crate) handler: Handler,
 }
 
-/// A tenant's tool, implemented by a stored component.
+/// A tenant's tool at the version that answers calls, implemented by a stored component.
 pub struct WasmTool {
-    pub record: ToolRecord,
+    pub tenant: String,
+    pub version: ToolVersion,
     pub(crate) validator: ArgsValidator,
+}
+
+impl WasmTool {
+    pub fn spec(&self) -> &ToolSpec {
+        &self.version.spec
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +87,15 @@ impl NativeRegistry {
             .cloned()
     }
 
+    /// The native tool whose name equals `name` but for case, if any.
+    pub fn case_twin(&self, name: &str) -> Option<String> {
+        let tools = self.tools.read().unwrap_or_else(|p| p.into_inner());
+        tools
+            .keys()
+            .find(|k| k.as_str() != name && k.eq_ignore_ascii_case(name))
+            .cloned()
+    }
+
     pub fn all(&self) -> Vec<Arc<NativeTool>> {
         self.tools
             .read()
@@ -113,9 +129,19 @@ impl Catalog {
     pub fn insert(&self, tool: WasmTool) {
         let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
         tenants
-            .entry(tool.record.tenant.clone())
+            .entry(tool.tenant.clone())
             .or_default()
-            .insert(tool.record.spec.name.clone(), Arc::new(tool));
+            .insert(tool.spec().name.clone(), Arc::new(tool));
+    }
+
+    /// A tool of `tenant` whose name equals `name` but for case, if any.
+    pub fn case_twin(&self, tenant: &str, name: &str) -> Option<String> {
+        let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        tenants
+            .get(tenant)?
+            .keys()
+            .find(|existing| existing.as_str() != name && existing.eq_ignore_ascii_case(name))
+            .cloned()
     }
 
     pub fn remove(&self, tenant: &str, name: &str) -> bool {

@@ -421,6 +421,22 @@ impl bindings::toolhost::plugin::helpers::Host for CallState {
         };
         self.helpers.log(level, &message);
     }
+
+    fn kv_get(&mut self, key: String) -> Result<Option<Vec<u8>>, String> {
+        self.helpers.kv_get(&key).map_err(|e| e.0)
+    }
+
+    fn kv_set(&mut self, key: String, value: Vec<u8>) -> Result<(), String> {
+        self.helpers.kv_set(&key, &value).map_err(|e| e.0)
+    }
+
+    fn kv_delete(&mut self, key: String) -> Result<bool, String> {
+        self.helpers.kv_delete(&key).map_err(|e| e.0)
+    }
+
+    fn config_get(&mut self, key: String) -> Result<Option<String>, String> {
+        self.helpers.config_get(&key).map_err(|e| e.0)
+    }
 }
 
 /// Caps the total linear memory of one call and remembers whether the cap was hit.

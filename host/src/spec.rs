@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::cache::KeyPath;
 use crate::schema::{self, ArgsValidator};
 
 pub const MAX_NAME_CHARS: usize = 64;
@@ -31,6 +32,38 @@ pub struct ToolSpec {
     pub private: bool,
     #[serde(default)]
     pub limits: Limits,
+    /// Reuse results: see [`CachePolicy`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CachePolicy>,
+    /// Keys of the tenant's configuration this tool may read with `config-get`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config: Vec<String>,
+}
+
+/// A call whose arguments hold the same value at `key_path` as an earlier call within `ttl_ms`
+/// gets that call's result without running the tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CachePolicy {
+    pub ttl_ms: u64,
+    /// A JSONPath into the arguments without wildcards: `$`, `$.city`, `$.query.terms[0]`.
+    pub key_path: String,
+}
+
+pub const CACHE_TTL_MS: LimitRule = LimitRule {
+    field: "cache.ttl_ms",
+    default: 0,
+    min: 1,
+    max: 30 * 24 * 3600 * 1000,
+};
+pub const MAX_CONFIG_KEYS: usize = 32;
+
+/// `^[A-Za-z0-9_.-]{1,128}$`
+pub fn is_valid_config_key(key: &str) -> bool {
+    (1..=128).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
 /// Per-call limits. Each has a default and a hard cap; a spec over a cap is rejected.
@@ -153,6 +186,8 @@ impl ToolSpec {
             group: None,
             private: false,
             limits: Limits::default(),
+            cache: None,
+            config: Vec::new(),
         }
     }
 
@@ -184,6 +219,31 @@ impl ToolSpec {
             ));
         }
         self.limits.check(name)?;
+        if let Some(cache) = &self.cache {
+            if !(CACHE_TTL_MS.min..=CACHE_TTL_MS.max).contains(&cache.ttl_ms) {
+                let rule = format!(
+                    "must be {} to {}, got {}",
+                    CACHE_TTL_MS.min, CACHE_TTL_MS.max, cache.ttl_ms
+                );
+                return Err(SpecError::new(name, CACHE_TTL_MS.field, rule));
+            }
+            KeyPath::parse(&cache.key_path)
+                .map_err(|rule| SpecError::new(name, "cache.key_path", rule))?;
+        }
+        if self.config.len() > MAX_CONFIG_KEYS {
+            return Err(SpecError::new(
+                name,
+                "config",
+                format!("at most {MAX_CONFIG_KEYS} keys"),
+            ));
+        }
+        if let Some(bad) = self.config.iter().find(|k| !is_valid_config_key(k)) {
+            let rule = format!(
+                "key `{}` must match ^[A-Za-z0-9_.-]{{1,128}}$",
+                bad.chars().take(129).collect::<String>()
+            );
+            return Err(SpecError::new(name, "config", rule));
+        }
         schema::compile(&self.parameters, self.strict)
             .map_err(|rule| SpecError::new(name, "parameters", rule))
     }
@@ -259,6 +319,29 @@ mod tests {
         assert_eq!(field_of(&s), "parameters");
         s.parameters = json!({"type": "object", "properties": {"n": {"type": "nonsense"}}});
         assert_eq!(field_of(&s), "parameters");
+    }
+
+    #[test]
+    fn cache_and_config_are_checked() {
+        let mut s = spec();
+        s.cache = Some(CachePolicy {
+            ttl_ms: 1000,
+            key_path: "$.city".into(),
+        });
+        assert!(s.validate().is_ok());
+        s.cache = Some(CachePolicy {
+            ttl_ms: 1000,
+            key_path: "$.items[*]".into(),
+        });
+        assert_eq!(field_of(&s), "cache.key_path");
+        s.cache = Some(CachePolicy {
+            ttl_ms: 0,
+            key_path: "$".into(),
+        });
+        assert_eq!(field_of(&s), "cache.ttl_ms");
+        let mut s = spec();
+        s.config = vec!["API_TOKEN".into(), "bad key".into()];
+        assert_eq!(field_of(&s), "config");
     }
 
     #[test]

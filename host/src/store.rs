@@ -1,71 +1,170 @@
-//! What survives a restart, in sled.
+//! What survives a restart: the [`Store`] trait, and [`SledStore`], its sled implementation.
 //!
-//! | tree        | key                          | value                                   |
-//! |-------------|------------------------------|-----------------------------------------|
-//! | `tools`     | `tenant \0 name`             | [`ToolRecord`] as JSON                  |
-//! | `blobs`     | component sha256 (hex)       | the uploaded component bytes            |
-//! | `artifacts` | `sha256 : engine fingerprint`| sha256 of the artifact, then the artifact |
+//! | tree        | key                            | value                                     |
+//! |-------------|--------------------------------|-------------------------------------------|
+//! | `tools`     | `tenant \0 name`               | [`ToolEntry`] JSON: every kept version    |
+//! | `blobs`     | component sha256 (hex)         | the uploaded component bytes              |
+//! | `artifacts` | `sha256 : engine fingerprint`  | sha256 of the artifact, then the artifact |
+//! | `cache`     | sha256 of (tenant, tool, version, key) | expiry (u64 BE ms), then result JSON |
+//! | `kv`        | `tenant \0 tool \0 key`        | the value bytes                           |
+//! | `config`    | `tenant \0 key`                | [`ConfigValue`] JSON                      |
 //!
-//! Blobs and artifacts are content-addressed and written before the records that point at
-//! them, so a crash between the two leaves at worst an unreferenced blob, never a record that
-//! points at nothing.
+//! Blobs and artifacts are content-addressed and written before the entries that point at
+//! them, so a crash between the two leaves at worst an unreferenced blob, never an entry that
+//! points at nothing. Every write that must survive a crash is flushed before it returns.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::sandbox::hex;
 use crate::spec::ToolSpec;
 
-/// One installed Wasm tool.
+/// A tool's history: the versions kept, and which one answers calls.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ToolRecord {
+pub struct ToolEntry {
     pub tenant: String,
+    pub name: String,
+    /// The version calls run, one of `versions`.
+    pub current: u32,
+    /// Oldest first; at most [`MAX_VERSIONS_KEPT`].
+    pub versions: Vec<ToolVersion>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolVersion {
+    pub version: u32,
     pub spec: ToolSpec,
     /// sha256 (hex) of the component that implements it.
     pub component: String,
     pub installed_at_ms: u64,
 }
 
+/// Older versions past this many are forgotten (their blobs stay, shared by content).
+pub const MAX_VERSIONS_KEPT: usize = 20;
+
+impl ToolEntry {
+    pub fn current(&self) -> &ToolVersion {
+        self.version(self.current)
+            .expect("an entry's current version is one of its versions")
+    }
+
+    pub fn version(&self, version: u32) -> Option<&ToolVersion> {
+        self.versions.iter().find(|v| v.version == version)
+    }
+
+    /// Adds `spec` as the next version and makes it current.
+    pub fn push(&mut self, spec: ToolSpec, component: String, installed_at_ms: u64) {
+        let version = self.versions.last().map_or(1, |v| v.version + 1);
+        self.versions.push(ToolVersion {
+            version,
+            spec,
+            component,
+            installed_at_ms,
+        });
+        let excess = self.versions.len().saturating_sub(MAX_VERSIONS_KEPT);
+        self.versions.drain(..excess);
+        self.current = version;
+    }
+}
+
+/// A tenant's configuration value, readable by the tools that declare its key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigValue {
+    pub value: String,
+    /// Never shown in listings, logs or errors.
+    pub secret: bool,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("the data directory {path} is in use by another toolhost process")]
     Locked { path: String },
+    #[error("cannot open the data directory {path}: {reason}")]
+    Open { path: String, reason: String },
     #[error("storage error: {0}")]
-    Sled(String),
+    Backend(String),
     #[error("stored record `{key}` is unreadable: {reason}")]
     Corrupt { key: String, reason: String },
 }
 
 impl From<sled::Error> for StoreError {
     fn from(error: sled::Error) -> Self {
-        StoreError::Sled(error.to_string())
+        StoreError::Backend(error.to_string())
     }
 }
 
-pub struct Db {
-    /// Held for the life of the store: one process per data directory.
-    _lock: Option<std::fs::File>,
-    db: sled::Db,
-    tools: sled::Tree,
-    blobs: sled::Tree,
-    artifacts: sled::Tree,
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Everything the host persists. Keys are tenant-scoped by construction: every method that
+/// reads or writes tenant data takes the tenant.
+pub trait Store: Send + Sync {
+    fn tool_entries(&self) -> Result<Vec<ToolEntry>>;
+    fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>>;
+    /// Writes all entries at once: after a crash, either all of them are there or none.
+    fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()>;
+    fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool>;
+
+    fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>>;
+    /// Stores a component and its compiled artifact before any entry points at them.
+    fn put_component(
+        &self,
+        sha: &str,
+        bytes: &[u8],
+        fingerprint: &str,
+        artifact: &[u8],
+    ) -> Result<()>;
+    /// The artifact, only if its checksum still matches; a damaged one is dropped so that the
+    /// caller recompiles from the blob.
+    fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>>;
+    fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()>;
+
+    fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>>;
+    fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()>;
+    /// Drops expired results; returns how many.
+    fn cache_purge(&self, now_ms: u64) -> Result<usize>;
+
+    fn kv_get(&self, tenant: &str, tool: &str, key: &str) -> Result<Option<Vec<u8>>>;
+    fn kv_set(&self, tenant: &str, tool: &str, key: &str, value: &[u8]) -> Result<()>;
+    fn kv_delete(&self, tenant: &str, tool: &str, key: &str) -> Result<bool>;
+    fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize>;
+
+    fn config_get(&self, tenant: &str, key: &str) -> Result<Option<ConfigValue>>;
+    fn config_set(&self, tenant: &str, key: &str, value: &ConfigValue) -> Result<()>;
+    fn config_delete(&self, tenant: &str, key: &str) -> Result<bool>;
+    fn config_keys(&self, tenant: &str) -> Result<Vec<String>>;
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-fn tool_key(tenant: &str, name: &str) -> Vec<u8> {
-    [tenant.as_bytes(), b"\0", name.as_bytes()].concat()
+fn key(parts: &[&str]) -> Vec<u8> {
+    parts.join("\0").into_bytes()
 }
 
-impl Db {
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let io = |e: std::io::Error| StoreError::Sled(format!("opening {}: {e}", dir.display()));
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let lock = std::fs::File::create(dir.join("toolhost.lock")).map_err(io)?;
+pub struct SledStore {
+    /// Held for the life of the store: one process per data directory.
+    _lock: Option<std::fs::File>,
+    db: sled::Db,
+    tools: sled::Tree,
+    blobs: sled::Tree,
+    artifacts: sled::Tree,
+    cache: sled::Tree,
+    kv: sled::Tree,
+    config: sled::Tree,
+}
+
+impl SledStore {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let fail = |e: &dyn std::fmt::Display| StoreError::Open {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        };
+        std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
+        let lock = std::fs::File::create(dir.join("toolhost.lock")).map_err(|e| fail(&e))?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
@@ -73,44 +172,93 @@ impl Db {
                     path: dir.display().to_string(),
                 });
             }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+            Err(std::fs::TryLockError::Error(e)) => return Err(fail(&e)),
         }
-        Self::from_config(sled::Config::new().path(dir.join("db")), Some(lock), dir)
+        let db = sled::Config::new()
+            .path(dir.join("db"))
+            .open()
+            .map_err(|e| fail(&e))?;
+        Self::from_db(db, Some(lock))
     }
 
     /// A store that lives only as long as this value.
-    pub fn temporary() -> Result<Self, StoreError> {
-        Self::from_config(
-            sled::Config::new().temporary(true),
-            None,
-            Path::new("(temporary)"),
-        )
+    pub fn temporary() -> Result<Self> {
+        Self::from_db(sled::Config::new().temporary(true).open()?, None)
     }
 
-    fn from_config(
-        config: sled::Config,
-        lock: Option<std::fs::File>,
-        dir: &Path,
-    ) -> Result<Self, StoreError> {
-        let db = config
-            .open()
-            .map_err(|e| StoreError::Sled(format!("opening {}: {e}", dir.display())))?;
-        Ok(Db {
+    fn from_db(db: sled::Db, lock: Option<std::fs::File>) -> Result<Self> {
+        Ok(SledStore {
             _lock: lock,
             tools: db.open_tree("tools")?,
             blobs: db.open_tree("blobs")?,
             artifacts: db.open_tree("artifacts")?,
+            cache: db.open_tree("cache")?,
+            kv: db.open_tree("kv")?,
+            config: db.open_tree("config")?,
             db,
         })
     }
 
-    pub fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    fn flush(&self) -> Result<()> {
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+fn parse_entry(item: sled::Result<(sled::IVec, sled::IVec)>) -> Result<ToolEntry> {
+    let (key, value) = item?;
+    serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))
+}
+
+fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        key: String::from_utf8_lossy(key).replace('\0', "/"),
+        reason: error.to_string(),
+    }
+}
+
+impl Store for SledStore {
+    fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
+        self.tools.iter().map(parse_entry).collect()
+    }
+
+    fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
+        let prefix = [tenant.as_bytes(), b"\0"].concat();
+        self.tools.scan_prefix(prefix).map(parse_entry).collect()
+    }
+
+    fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            let value = serde_json::to_vec(entry).expect("an entry serializes");
+            batch.insert(key(&[&entry.tenant, &entry.name]), value);
+        }
+        self.tools.apply_batch(batch)?;
+        self.flush()
+    }
+
+    fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool> {
+        let removed = self.tools.remove(key(&[tenant, name]))?.is_some();
+        self.flush()?;
+        Ok(removed)
+    }
+
+    fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {
         Ok(self.blobs.get(sha)?.map(|v| v.to_vec()))
     }
 
-    /// Returns the artifact only if its checksum still matches; a damaged one is deleted so
-    /// that the caller recompiles from the blob.
-    pub fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    fn put_component(
+        &self,
+        sha: &str,
+        bytes: &[u8],
+        fingerprint: &str,
+        artifact: &[u8],
+    ) -> Result<()> {
+        self.blobs.insert(sha, bytes)?;
+        self.put_artifact(sha, fingerprint, artifact)
+    }
+
+    fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>> {
         let key = format!("{sha}:{fingerprint}");
         let Some(stored) = self.artifacts.get(&key)? else {
             return Ok(None);
@@ -126,58 +274,96 @@ impl Db {
         Ok(None)
     }
 
-    /// Stores a component and its compiled artifact, durably, before any record points at them.
-    pub fn put_component(
-        &self,
-        sha: &str,
-        bytes: &[u8],
-        fingerprint: &str,
-        artifact: &[u8],
-    ) -> Result<(), StoreError> {
-        self.blobs.insert(sha, bytes)?;
-        self.put_artifact(sha, fingerprint, artifact)
-    }
-
-    pub fn put_artifact(
-        &self,
-        sha: &str,
-        fingerprint: &str,
-        artifact: &[u8],
-    ) -> Result<(), StoreError> {
+    fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()> {
         let stored = [&Sha256::digest(artifact)[..], artifact].concat();
         self.artifacts
             .insert(format!("{sha}:{fingerprint}"), stored)?;
-        self.db.flush()?;
-        Ok(())
+        self.flush()
     }
 
-    /// Writes all records at once: after a crash, either all of them are there or none.
-    pub fn put_tools(&self, records: &[ToolRecord]) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        for record in records {
-            let value = serde_json::to_vec(record).expect("a record serializes");
-            batch.insert(tool_key(&record.tenant, &record.spec.name), value);
+    fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>> {
+        let Some(stored) = self.cache.get(key)? else {
+            return Ok(None);
+        };
+        let (expiry, json) = stored.split_at(8.min(stored.len()));
+        let expires_at_ms = u64::from_be_bytes(expiry.try_into().unwrap_or([0; 8]));
+        if expires_at_ms <= now_ms {
+            self.cache.remove(key)?;
+            return Ok(None);
         }
-        self.tools.apply_batch(batch)?;
-        self.db.flush()?;
+        // A damaged entry is a miss, not an error: the tool can always run again.
+        Ok(serde_json::from_slice(json).ok())
+    }
+
+    fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()> {
+        let json = serde_json::to_vec(value).expect("a Value serializes");
+        self.cache
+            .insert(key, [&expires_at_ms.to_be_bytes()[..], &json].concat())?;
         Ok(())
     }
 
-    pub fn remove_tool(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
-        let removed = self.tools.remove(tool_key(tenant, name))?.is_some();
-        self.db.flush()?;
+    fn cache_purge(&self, now_ms: u64) -> Result<usize> {
+        let mut purged = 0;
+        for entry in self.cache.iter() {
+            let (key, stored) = entry?;
+            let expiry = stored.get(..8).and_then(|b| b.try_into().ok());
+            if expiry.map_or(0, u64::from_be_bytes) <= now_ms {
+                self.cache.remove(key)?;
+                purged += 1;
+            }
+        }
+        Ok(purged)
+    }
+
+    fn kv_get(&self, tenant: &str, tool: &str, k: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.kv.get(key(&[tenant, tool, k]))?.map(|v| v.to_vec()))
+    }
+
+    fn kv_set(&self, tenant: &str, tool: &str, k: &str, value: &[u8]) -> Result<()> {
+        self.kv.insert(key(&[tenant, tool, k]), value)?;
+        self.flush()
+    }
+
+    fn kv_delete(&self, tenant: &str, tool: &str, k: &str) -> Result<bool> {
+        let removed = self.kv.remove(key(&[tenant, tool, k]))?.is_some();
+        self.flush()?;
         Ok(removed)
     }
 
-    pub fn tools(&self) -> Result<Vec<ToolRecord>, StoreError> {
-        self.tools
-            .iter()
+    fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize> {
+        let prefix = [key(&[tenant, tool]), b"\0".to_vec()].concat();
+        Ok(self.kv.scan_prefix(prefix).count())
+    }
+
+    fn config_get(&self, tenant: &str, k: &str) -> Result<Option<ConfigValue>> {
+        let key = key(&[tenant, k]);
+        match self.config.get(&key)? {
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt(&key, e)),
+            None => Ok(None),
+        }
+    }
+
+    fn config_set(&self, tenant: &str, k: &str, value: &ConfigValue) -> Result<()> {
+        let json = serde_json::to_vec(value).expect("a config value serializes");
+        self.config.insert(key(&[tenant, k]), json)?;
+        self.flush()
+    }
+
+    fn config_delete(&self, tenant: &str, k: &str) -> Result<bool> {
+        let removed = self.config.remove(key(&[tenant, k]))?.is_some();
+        self.flush()?;
+        Ok(removed)
+    }
+
+    fn config_keys(&self, tenant: &str) -> Result<Vec<String>> {
+        let prefix = [tenant.as_bytes(), b"\0"].concat();
+        self.config
+            .scan_prefix(&prefix)
             .map(|entry| {
-                let (key, value) = entry?;
-                serde_json::from_slice(&value).map_err(|e| StoreError::Corrupt {
-                    key: String::from_utf8_lossy(&key).replace('\0', "/"),
-                    reason: e.to_string(),
-                })
+                let (key, _) = entry?;
+                Ok(String::from_utf8_lossy(&key[prefix.len()..]).into_owned())
             })
             .collect()
     }
@@ -186,30 +372,88 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_damaged_artifact_is_refused_and_dropped() {
-        let db = Db::temporary().unwrap();
-        db.put_component("abc", b"blob", "fp", b"machine code")
+        let store = SledStore::temporary().unwrap();
+        store
+            .put_component("abc", b"blob", "fp", b"machine code")
             .unwrap();
         assert_eq!(
-            db.artifact("abc", "fp").unwrap().as_deref(),
+            store.artifact("abc", "fp").unwrap().as_deref(),
             Some(&b"machine code"[..])
         );
-        assert_eq!(db.artifact("abc", "other-engine").unwrap(), None);
-        let mut stored = db.artifacts.get("abc:fp").unwrap().unwrap().to_vec();
+        assert_eq!(store.artifact("abc", "other-engine").unwrap(), None);
+        let mut stored = store.artifacts.get("abc:fp").unwrap().unwrap().to_vec();
         *stored.last_mut().unwrap() ^= 1;
-        db.artifacts.insert("abc:fp", stored).unwrap();
-        assert_eq!(db.artifact("abc", "fp").unwrap(), None);
-        assert!(db.artifacts.get("abc:fp").unwrap().is_none());
-        assert_eq!(db.blob("abc").unwrap().as_deref(), Some(&b"blob"[..]));
+        store.artifacts.insert("abc:fp", stored).unwrap();
+        assert_eq!(store.artifact("abc", "fp").unwrap(), None);
+        assert!(store.artifacts.get("abc:fp").unwrap().is_none());
+        assert_eq!(store.blob("abc").unwrap().as_deref(), Some(&b"blob"[..]));
     }
 
     #[test]
     fn a_second_process_gets_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let _first = Db::open(dir.path()).unwrap();
-        let second = Db::open(dir.path()).err().expect("locked");
+        let _first = SledStore::open(dir.path()).unwrap();
+        let second = SledStore::open(dir.path()).err().expect("locked");
         assert!(matches!(second, StoreError::Locked { .. }), "{second}");
+    }
+
+    #[test]
+    fn cached_results_expire() {
+        let store = SledStore::temporary().unwrap();
+        store.cache_put(b"k", 1_000, &json!({"a": 1})).unwrap();
+        store.cache_put(b"old", 10, &json!(1)).unwrap();
+        assert_eq!(store.cache_get(b"k", 999).unwrap(), Some(json!({"a": 1})));
+        assert_eq!(store.cache_purge(500).unwrap(), 1);
+        assert_eq!(store.cache_get(b"k", 1_000).unwrap(), None);
+        assert_eq!(store.cache.len(), 0, "an expired read drops the entry");
+    }
+
+    #[test]
+    fn kv_and_config_are_scoped_by_tenant() {
+        let store = SledStore::temporary().unwrap();
+        store.kv_set("a", "tool", "k", b"1").unwrap();
+        store.kv_set("a", "tool", "k2", b"2").unwrap();
+        store.kv_set("ab", "tool", "k", b"3").unwrap();
+        assert_eq!(store.kv_get("b", "tool", "k").unwrap(), None);
+        assert_eq!(store.kv_count("a", "tool").unwrap(), 2);
+        assert_eq!(
+            store.kv_count("a", "too").unwrap(),
+            0,
+            "prefixes do not bleed"
+        );
+        let secret = ConfigValue {
+            value: "s3cret".into(),
+            secret: true,
+        };
+        store.config_set("a", "TOKEN", &secret).unwrap();
+        assert_eq!(store.config_get("a", "TOKEN").unwrap(), Some(secret));
+        assert_eq!(store.config_get("b", "TOKEN").unwrap(), None);
+        assert_eq!(store.config_keys("a").unwrap(), ["TOKEN"]);
+        assert!(store.config_keys("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn versions_are_numbered_and_bounded() {
+        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
+        let mut entry = ToolEntry {
+            tenant: "a".into(),
+            name: "t".into(),
+            current: 0,
+            versions: vec![],
+        };
+        for i in 0..MAX_VERSIONS_KEPT + 5 {
+            entry.push(spec.clone(), format!("sha{i}"), i as u64);
+        }
+        assert_eq!(entry.versions.len(), MAX_VERSIONS_KEPT);
+        assert_eq!(entry.current, (MAX_VERSIONS_KEPT + 5) as u32);
+        assert_eq!(
+            entry.current().component,
+            format!("sha{}", MAX_VERSIONS_KEPT + 4)
+        );
+        assert_eq!(entry.versions[0].version, 6);
     }
 }

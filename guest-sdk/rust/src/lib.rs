@@ -129,6 +129,8 @@ impl Tool {
                 memory_bytes: None,
                 max_result_chars: None,
             },
+            cache: None,
+            config: Vec::new(),
         };
         Tool {
             def,
@@ -177,6 +179,47 @@ impl Tool {
     pub fn max_result_chars(mut self, chars: u64) -> Self {
         self.def.limits.max_result_chars = Some(chars);
         self
+    }
+
+    /// Reuse results for `ttl_ms` between calls whose arguments hold the same value at
+    /// `key_path` (a JSONPath without wildcards: `"$"`, `"$.city"`).
+    pub fn cache(mut self, ttl_ms: u64, key_path: &str) -> Self {
+        self.def.cache = Some(types::CachePolicy {
+            ttl_ms,
+            key_path: key_path.to_owned(),
+        });
+        self
+    }
+
+    /// The tenant configuration keys this tool reads with [`config::get`].
+    pub fn config(mut self, keys: &[&str]) -> Self {
+        self.def.config = keys.iter().map(|k| k.to_string()).collect();
+        self
+    }
+}
+
+/// A key-value store private to this tool and tenant that persists across calls.
+pub mod kv {
+    use super::helpers;
+
+    pub fn get(key: &str) -> Result<Option<Vec<u8>>, String> {
+        helpers::kv_get(key)
+    }
+
+    pub fn set(key: &str, value: &[u8]) -> Result<(), String> {
+        helpers::kv_set(key, value)
+    }
+
+    /// Whether the key existed.
+    pub fn delete(key: &str) -> Result<bool, String> {
+        helpers::kv_delete(key)
+    }
+}
+
+/// The tenant's configuration: keys the tool declared with [`Tool::config`].
+pub mod config {
+    pub fn get(key: &str) -> Result<Option<String>, String> {
+        super::helpers::config_get(key)
     }
 }
 
