@@ -351,3 +351,205 @@ fn a_data_directory_that_cannot_be_used_gets_a_clear_error() {
         "{second}"
     );
 }
+
+#[tokio::test]
+async fn a_damaged_artifact_is_recompiled_never_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        host.install("acme", plugin("unit_convert")).await.unwrap();
+    }
+    let artifacts = |db: &sled::Db| db.open_tree("artifacts").unwrap();
+    {
+        let db = sled::open(dir.path().join("db")).unwrap();
+        let tree = artifacts(&db);
+        let (key, value) = tree.iter().next().unwrap().unwrap();
+        let mut damaged = value.to_vec();
+        let middle = damaged.len() / 2;
+        damaged[middle] ^= 0xff;
+        tree.insert(key, damaged).unwrap();
+        db.flush().unwrap();
+    }
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        let out = call(
+            &host,
+            "acme",
+            "convert_units",
+            json!({"value": 3, "from": "ft", "to": "in"}),
+        )
+        .await;
+        assert_eq!(out.result.unwrap()["value"], json!(36.0));
+    }
+    let db = sled::open(dir.path().join("db")).unwrap();
+    let (_, value) = artifacts(&db).iter().next().unwrap().unwrap();
+    use sha2::Digest;
+    assert_eq!(
+        sha2::Sha256::digest(&value[32..])[..],
+        value[..32],
+        "rewritten, valid again"
+    );
+}
+
+#[test]
+fn the_cli_lists_versions_rolls_back_and_keeps_secrets_secret() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let data = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], stdin: Option<&str>| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input
+            .write_all(stdin.unwrap_or_default().as_bytes())
+            .unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    for (i, tag) in ["v1", "v2"].into_iter().enumerate() {
+        let path = files.path().join(format!("{i}.wasm"));
+        std::fs::write(&path, variant("probe", tag)).unwrap();
+        assert_eq!(run(&["install", path.to_str().unwrap()], None).0, Some(0));
+    }
+    let (code, stdout, _) = run(&["versions", "count"], None);
+    assert_eq!(code, Some(0));
+    let marks: Vec<&str> = stdout.lines().map(|l| &l[..5]).collect();
+    assert_eq!(marks, ["*   2", "    1"], "{stdout}");
+    assert_eq!(
+        run(&["rollback", "count"], None).1,
+        "count is now at version 1\n"
+    );
+    let (code, _, stderr) = run(&["rollback", "count"], None);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("no earlier version"), "{stderr}");
+
+    assert_eq!(
+        run(
+            &["config", "set", "API_TOKEN", "--secret"],
+            Some("tok-from-stdin\n")
+        )
+        .0,
+        Some(0)
+    );
+    assert_eq!(run(&["config", "set", "REGION", "eu"], None).0, Some(0));
+    assert_eq!(
+        run(&["config", "list"], None).1,
+        "API_TOKEN = (secret)\nREGION = eu\n"
+    );
+    let (code, _, stderr) = run(&["call", "secret_leak", "{}"], None);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        stderr,
+        "error[tool_error]: tool error: upstream rejected token [redacted] in eu\n"
+    );
+}
+
+#[tokio::test]
+async fn a_read_only_data_directory_gets_a_clear_error_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        host.install("acme", plugin("unit_convert")).await.unwrap();
+    }
+    // Root ignores permission bits, not the immutable flag. Cleared again even on panic.
+    struct Immutable<'a>(&'a std::path::Path);
+    impl Drop for Immutable<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("chattr")
+                .arg("-R")
+                .arg("-i")
+                .arg(self.0)
+                .status();
+        }
+    }
+    let guard = Immutable(dir.path());
+    let set = std::process::Command::new("chattr")
+        .arg("-R")
+        .arg("+i")
+        .arg(dir.path())
+        .status();
+    assert!(
+        set.is_ok_and(|s| s.success()),
+        "chattr +i failed: this test needs a filesystem with immutable files (ext4 here)"
+    );
+    let refused = Host::open(persistent(dir.path()));
+    drop(guard);
+    let message = refused
+        .err()
+        .expect("a read-only directory is refused")
+        .to_string();
+    assert!(
+        message.contains("cannot open the data directory"),
+        "{message}"
+    );
+
+    let host = Host::open(persistent(dir.path())).unwrap();
+    let out = call(
+        &host,
+        "acme",
+        "convert_units",
+        json!({"value": 2, "from": "h", "to": "min"}),
+    )
+    .await;
+    assert_eq!(
+        out.result.unwrap()["value"],
+        json!(120.0),
+        "nothing was lost"
+    );
+}
+
+#[test]
+fn an_invalid_cache_key_path_is_rejected_naming_the_field() {
+    let host = Host::open(HostConfig::default()).unwrap();
+    let mut spec = ToolSpec::new("lookup", "Looks up.", json!({"type": "object"}));
+    spec.cache = Some(toolhost::CachePolicy {
+        ttl_ms: 1000,
+        key_path: "$.items[*].id".into(),
+    });
+    let error = host
+        .natives()
+        .register(spec, |_, _, _| async { Ok(Value::Null) })
+        .expect_err("wildcards cannot key a cache");
+    assert!(
+        error
+            .to_string()
+            .starts_with("tool `lookup`: cache.key_path: "),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_installs_of_one_tool_each_get_their_own_version() {
+    let host = Arc::new(Host::open(HostConfig::default()).unwrap());
+    host.install("acme", plugin("unit_convert")).await.unwrap(); // compiled once
+    let installs: Vec<_> = (0..8)
+        .map(|i| {
+            let host = host.clone();
+            tokio::spawn(async move {
+                host.install("acme", variant("unit_convert", &format!("c{i}")))
+                    .await
+            })
+        })
+        .collect();
+    for install in installs {
+        install.await.unwrap().unwrap();
+    }
+    let versions: Vec<u32> = host
+        .versions("acme", "convert_units")
+        .unwrap()
+        .versions
+        .iter()
+        .map(|v| v.version)
+        .collect();
+    assert_eq!(versions, (1..=9).collect::<Vec<_>>());
+}

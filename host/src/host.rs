@@ -6,8 +6,8 @@
 
 use std::hash::{BuildHasher, RandomState};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -41,6 +41,8 @@ pub struct HostConfig {
     /// Linked components kept in memory; past this the least recently used is dropped and
     /// reloaded from its stored artifact on its next call.
     pub max_loaded_components: usize,
+    /// The store's page cache, in bytes.
+    pub store_cache_bytes: u64,
 }
 
 impl Default for HostConfig {
@@ -49,6 +51,7 @@ impl Default for HostConfig {
             data_dir: None,
             sandbox: SandboxConfig::default(),
             max_loaded_components: 256,
+            store_cache_bytes: 64 << 20,
         }
     }
 }
@@ -161,6 +164,9 @@ pub struct Host {
     sandbox: Arc<Sandbox>,
     loaded: Loaded,
     call_ids: CallIds,
+    /// Serializes read-modify-write of tool entries (install, rollback, remove), so that two
+    /// installs of one tool cannot both become version N+1. Never held across an `await`.
+    entry_writes: Mutex<()>,
 }
 
 impl Host {
@@ -168,7 +174,7 @@ impl Host {
     /// Components are loaded lazily, on first call.
     pub fn open(config: HostConfig) -> Result<Self, OpenError> {
         let store: Arc<dyn Store> = match &config.data_dir {
-            Some(dir) => Arc::new(SledStore::open(dir)?),
+            Some(dir) => Arc::new(SledStore::open(dir, config.store_cache_bytes)?),
             None => Arc::new(SledStore::temporary()?),
         };
         Self::with_store(store, config)
@@ -197,6 +203,7 @@ impl Host {
             sandbox: Arc::new(sandbox),
             loaded: Loaded::new(config.max_loaded_components),
             call_ids: CallIds::default(),
+            entry_writes: Mutex::new(()),
         })
     }
 
@@ -218,7 +225,9 @@ impl Host {
         }
         let sha = sha256_hex(&component);
         let fingerprint = self.sandbox.fingerprint().to_owned();
-        let (component, artifact) = match self.store.artifact(&sha, &fingerprint)? {
+        let stored = self.store.artifact(&sha, &fingerprint)?;
+        let already_stored = stored.is_some();
+        let (component, artifact) = match stored {
             Some(artifact) => (component, artifact),
             None => {
                 let sandbox = self.sandbox.clone();
@@ -242,6 +251,7 @@ impl Host {
         let specs = self.check_defs(tenant, defs)?;
 
         let installed_at_ms = now_ms();
+        let _writing = self.lock_entries();
         let mut entries = self.store.tool_entries_of(tenant)?;
         let mut changed = Vec::with_capacity(specs.len());
         for spec in &specs {
@@ -257,8 +267,11 @@ impl Host {
             entry.push(spec.clone(), sha.clone(), installed_at_ms);
             changed.push(entry);
         }
-        self.store
-            .put_component(&sha, &component, &fingerprint, &artifact)?;
+        // A stored artifact means its blob was stored with it: the same bytes need no rewrite.
+        if !already_stored {
+            self.store
+                .put_component(&sha, &component, &fingerprint, &artifact)?;
+        }
         self.store.put_tool_entries(&changed)?;
         self.loaded.insert(&sha, prepared);
         for entry in &changed {
@@ -347,6 +360,7 @@ impl Host {
     /// Makes an earlier version answer calls: `to`, or the one before the current. Returns
     /// the version now current.
     pub fn rollback(&self, tenant: &str, name: &str, to: Option<u32>) -> Result<u32, ManageError> {
+        let _writing = self.lock_entries();
         let mut entry = self.versions(tenant, name)?;
         let target = match to {
             Some(version) => version,
@@ -376,6 +390,7 @@ impl Host {
     /// Removes a tenant's tool and its versions. Calls already running finish; later ones get
     /// `not_found`.
     pub fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
+        let _writing = self.lock_entries();
         if self.catalog.get(tenant, name).is_none() {
             return Ok(false);
         }
@@ -417,6 +432,10 @@ impl Host {
             shown.push((key, value.filter(|v| !v.secret).map(|v| v.value)));
         }
         Ok(shown)
+    }
+
+    fn lock_entries(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.entry_writes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Linked components in memory now (bounded by `max_loaded_components`).

@@ -54,8 +54,35 @@ enum Command {
         #[arg(long, short)]
         verbose: bool,
     },
-    /// Remove a tool.
+    /// Remove a tool and all its versions.
     Remove { tool: String },
+    /// List a tool's kept versions; `*` marks the one that answers calls.
+    Versions { tool: String },
+    /// Make an earlier version answer calls: the one before the current, or --to N.
+    Rollback {
+        tool: String,
+        #[arg(long)]
+        to: Option<u32>,
+    },
+    /// The tenant's configuration, which tools read with `config-get`.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Set KEY. Without VALUE, reads it from stdin (keeps secrets out of shell history).
+    Set {
+        key: String,
+        value: Option<String>,
+        /// Never show the value again: not in listings, logs or error messages.
+        #[arg(long)]
+        secret: bool,
+    },
+    /// List keys, with values except secrets.
+    List,
+    /// Remove KEY.
+    Remove { key: String },
 }
 
 /// A failure shown to the user, with the exit code it maps to.
@@ -173,8 +200,70 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
             println!("removed {tool}");
         }
+        Command::Versions { tool } => {
+            let entry = host.versions(&tenant, &tool).map_err(usage)?;
+            for v in entry.versions.iter().rev() {
+                let mark = if v.version == entry.current { "*" } else { " " };
+                let sha = &v.component[..12];
+                println!(
+                    "{mark} {:>3}  {sha}  installed {}",
+                    v.version,
+                    rfc3339(v.installed_at_ms)
+                );
+            }
+        }
+        Command::Rollback { tool, to } => {
+            let version = host.rollback(&tenant, &tool, to).map_err(usage)?;
+            println!("{tool} is now at version {version}");
+        }
+        Command::Config(ConfigCommand::Set { key, value, secret }) => {
+            let value = match value {
+                Some(value) => value,
+                None => {
+                    let mut value = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
+                        .map_err(|e| usage(format!("reading the value from stdin: {e}")))?;
+                    value.trim_end_matches(['\n', '\r']).to_owned()
+                }
+            };
+            host.set_config(&tenant, &key, &value, secret)
+                .map_err(usage)?;
+            println!("set {key}{}", if secret { " (secret)" } else { "" });
+        }
+        Command::Config(ConfigCommand::List) => {
+            for (key, value) in host.config(&tenant).map_err(usage)? {
+                println!("{key} = {}", value.unwrap_or_else(|| "(secret)".into()));
+            }
+        }
+        Command::Config(ConfigCommand::Remove { key }) => {
+            if !host.remove_config(&tenant, &key).map_err(usage)? {
+                return Err(usage(format!("no config key `{key}`")));
+            }
+            println!("removed {key}");
+        }
     }
     Ok(())
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` from Unix milliseconds (civil-from-days, no date crate needed).
+fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 fn pretty(value: &impl serde::Serialize) -> String {

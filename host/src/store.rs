@@ -158,7 +158,9 @@ pub struct SledStore {
 }
 
 impl SledStore {
-    pub fn open(dir: &Path) -> Result<Self> {
+    /// Opens `dir` with sled's page cache capped at `cache_bytes` (sled's own default is 1 GiB,
+    /// which reading many artifacts would fill).
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
         let fail = |e: &dyn std::fmt::Display| StoreError::Open {
             path: dir.display().to_string(),
             reason: e.to_string(),
@@ -176,6 +178,7 @@ impl SledStore {
         }
         let db = sled::Config::new()
             .path(dir.join("db"))
+            .cache_capacity(cache_bytes)
             .open()
             .map_err(|e| fail(&e))?;
         Self::from_db(db, Some(lock))
@@ -396,8 +399,8 @@ mod tests {
     #[test]
     fn a_second_process_gets_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let _first = SledStore::open(dir.path()).unwrap();
-        let second = SledStore::open(dir.path()).err().expect("locked");
+        let _first = SledStore::open(dir.path(), 1 << 20).unwrap();
+        let second = SledStore::open(dir.path(), 1 << 20).err().expect("locked");
         assert!(matches!(second, StoreError::Locked { .. }), "{second}");
     }
 
