@@ -24,7 +24,7 @@ use crate::sandbox::{
 };
 use crate::schema::ArgsValidator;
 use crate::spec::{CachePolicy, Limits, SpecError, ToolSpec, is_valid_config_key};
-use crate::store::{ConfigValue, SledStore, Store, StoreError, ToolEntry, sha256_hex};
+use crate::store::{ConfigValue, KeyRecord, SledStore, Store, StoreError, ToolEntry, sha256_hex};
 
 /// A component may offer at most this many tools.
 pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
@@ -98,6 +98,12 @@ pub enum ManageError {
     },
     #[error("tool `{0}` has no earlier version to roll back to")]
     NoEarlierVersion(String),
+    #[error("tenant `{0}` is not a valid tenant id (1 to 128 printable characters)")]
+    Tenant(String),
+    #[error("no tenant `{0}`: create it first")]
+    NoTenant(String),
+    #[error("no randomness available: {0}")]
+    Random(String),
     #[error("config key `{0}` must match ^[A-Za-z0-9_.-]{{1,128}}$")]
     ConfigKey(String),
     #[error("config value is {0} bytes; the limit is {MAX_CONFIG_VALUE_BYTES}")]
@@ -106,6 +112,14 @@ pub enum ManageError {
     Spec(#[from] SpecError),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// A freshly created API key: `secret` is shown once and never stored.
+#[derive(Debug, Clone, Serialize)]
+pub struct NewKey {
+    pub secret: String,
+    #[serde(flatten)]
+    pub record: KeyRecord,
 }
 
 /// Where a tool's code comes from.
@@ -205,6 +219,11 @@ impl Host {
             call_ids: CallIds::default(),
             entry_writes: Mutex::new(()),
         })
+    }
+
+    /// The largest component `install` accepts, in bytes.
+    pub fn max_component_bytes(&self) -> usize {
+        self.sandbox.max_component_bytes()
     }
 
     /// The embedding app's trusted tools.
@@ -340,6 +359,12 @@ impl Host {
             .collect()
     }
 
+    /// The tools an agent of `tenant` sees (private ones left out), in an LLM API's shape.
+    pub fn export(&self, tenant: &str, format: crate::export::Format) -> Vec<Value> {
+        let listed = self.list(tenant);
+        crate::export::tools(listed.iter().map(|t| &t.spec), format)
+    }
+
     /// One tool as `tenant` sees it, private ones included (the host may call them).
     pub fn describe(&self, tenant: &str, name: &str) -> Option<ToolInfo> {
         match self.natives.get(name) {
@@ -432,6 +457,59 @@ impl Host {
             shown.push((key, value.filter(|v| !v.secret).map(|v| v.value)));
         }
         Ok(shown)
+    }
+
+    /// Records a tenant (idempotent); its id must be valid.
+    pub fn create_tenant(&self, tenant: &str) -> Result<bool, ManageError> {
+        if !is_valid_tenant(tenant) {
+            return Err(ManageError::Tenant(tenant.chars().take(128).collect()));
+        }
+        Ok(self.store.tenant_create(tenant, now_ms())?)
+    }
+
+    pub fn tenants(&self) -> Result<Vec<String>, ManageError> {
+        Ok(self.store.tenants()?)
+    }
+
+    /// A new API key for an existing tenant. The returned secret is shown once: only its
+    /// sha256 is stored.
+    pub fn create_key(&self, tenant: &str) -> Result<NewKey, ManageError> {
+        if !self.store.tenants()?.iter().any(|t| t == tenant) {
+            return Err(ManageError::NoTenant(tenant.chars().take(128).collect()));
+        }
+        let mut random = [0u8; 20];
+        getrandom::fill(&mut random).map_err(|e| ManageError::Random(e.to_string()))?;
+        let id = crate::sandbox::hex(&random[..4]);
+        let secret = format!("thk_{id}_{}", crate::sandbox::hex(&random[4..]));
+        let record = KeyRecord {
+            id,
+            tenant: tenant.to_owned(),
+            created_at_ms: now_ms(),
+        };
+        self.store
+            .key_put(&sha256_hex(secret.as_bytes()), &record)?;
+        Ok(NewKey { secret, record })
+    }
+
+    /// Keys of `tenant` (or all), without their secrets.
+    pub fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>, ManageError> {
+        let keys = self.store.keys()?;
+        Ok(keys
+            .into_iter()
+            .filter(|k| tenant.is_none_or(|t| k.tenant == t))
+            .collect())
+    }
+
+    pub fn revoke_key(&self, id: &str) -> Result<bool, ManageError> {
+        Ok(self.store.key_revoke(id)?)
+    }
+
+    /// The tenant an API key belongs to, if it is a live key.
+    pub fn authenticate(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .store
+            .key_get(&sha256_hex(key.as_bytes()))?
+            .map(|k| k.tenant))
     }
 
     fn lock_entries(&self) -> std::sync::MutexGuard<'_, ()> {

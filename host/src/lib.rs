@@ -16,18 +16,20 @@
 pub mod cache;
 pub mod call;
 pub mod clip;
+pub mod export;
 pub mod helpers;
 mod host;
 mod loaded;
 pub mod registry;
 pub mod sandbox;
 pub mod schema;
+pub mod server;
 pub mod spec;
 pub mod store;
 
 pub use call::{CallContext, CallError, CallLog, CallOutcome, Caller, Level, ToolError};
 pub use helpers::{HelperError, Helpers};
-pub use host::{Host, HostConfig, InstallError, ManageError, OpenError, Source, ToolInfo};
+pub use host::{Host, HostConfig, InstallError, ManageError, NewKey, OpenError, Source, ToolInfo};
 pub use sandbox::SandboxConfig;
 pub use spec::{CachePolicy, Limits, SpecError, ToolSpec};
-pub use store::{SledStore, Store, StoreError, ToolEntry, ToolVersion};
+pub use store::{KeyRecord, SledStore, Store, StoreError, ToolEntry, ToolVersion};

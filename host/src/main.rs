@@ -64,9 +64,49 @@ enum Command {
         #[arg(long)]
         to: Option<u32>,
     },
+    /// Serve the HTTP API until SIGINT or SIGTERM; running requests finish first.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:8080", env = "TOOLHOST_LISTEN")]
+        listen: std::net::SocketAddr,
+    },
+    /// Tenants, which API keys belong to.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// API keys for the HTTP API (run while the server is stopped: one process owns the data
+    /// directory).
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Print the tools an agent sees as JSON tool specs for an LLM API.
+    Export {
+        /// openai, anthropic or mcp
+        #[arg(long, default_value = "openai")]
+        format: String,
+    },
     /// The tenant's configuration, which tools read with `config-get`.
     #[command(subcommand)]
     Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum TenantCommand {
+    /// Create a tenant (its id: 1 to 128 printable characters).
+    Create {
+        name: String,
+    },
+    List,
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Create a key for --tenant and print it: it is shown only this once.
+    Create,
+    /// List keys (ids, never secrets); all tenants' with --all.
+    List {
+        #[arg(long)]
+        all: bool,
+    },
+    /// Revoke a key by its id.
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -216,6 +256,58 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let version = host.rollback(&tenant, &tool, to).map_err(usage)?;
             println!("{tool} is now at version {version}");
         }
+        Command::Serve { listen } => {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| usage(format!("cannot listen on {listen}: {e}")))?;
+            eprintln!("toolhost listening on http://{listen} (API: /openapi.json)");
+            toolhost::server::serve(std::sync::Arc::new(host), listener, shutdown_signal())
+                .await
+                .map_err(|e| Failure(1, format!("error: serving: {e}")))?;
+        }
+        Command::Tenant(TenantCommand::Create { name }) => {
+            let created = host.create_tenant(&name).map_err(usage)?;
+            println!(
+                "{} tenant {name}",
+                if created { "created" } else { "existing" }
+            );
+        }
+        Command::Tenant(TenantCommand::List) => {
+            for tenant in host.tenants().map_err(usage)? {
+                println!("{tenant}");
+            }
+        }
+        Command::Key(KeyCommand::Create) => {
+            let key = host.create_key(&tenant).map_err(usage)?;
+            eprintln!(
+                "key {} for tenant {}: store it now, it is not shown again",
+                key.record.id, tenant
+            );
+            println!("{}", key.secret);
+        }
+        Command::Key(KeyCommand::List { all }) => {
+            let keys = host
+                .keys((!all).then_some(tenant.as_str()))
+                .map_err(usage)?;
+            for key in keys {
+                println!(
+                    "{}  {}  created {}",
+                    key.id,
+                    key.tenant,
+                    rfc3339(key.created_at_ms)
+                );
+            }
+        }
+        Command::Key(KeyCommand::Revoke { id }) => {
+            if !host.revoke_key(&id).map_err(usage)? {
+                return Err(usage(format!("no key with id `{id}`")));
+            }
+            println!("revoked {id}");
+        }
+        Command::Export { format } => {
+            let format = format.parse().map_err(usage)?;
+            println!("{}", pretty(&host.export(&tenant, format)));
+        }
         Command::Config(ConfigCommand::Set { key, value, secret }) => {
             let value = match value {
                 Some(value) => value,
@@ -243,6 +335,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate.recv() => {}
+    }
+    eprintln!("toolhost: shutting down after running requests finish");
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` from Unix milliseconds (civil-from-days, no date crate needed).

@@ -149,6 +149,10 @@ impl Sandbox {
         })
     }
 
+    pub fn max_component_bytes(&self) -> usize {
+        self.config.max_component_bytes
+    }
+
     /// Identifies everything that changes compiled code: a compiled artifact is only valid
     /// for the same fingerprint.
     pub fn fingerprint(&self) -> &str {

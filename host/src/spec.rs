@@ -244,8 +244,13 @@ impl ToolSpec {
             );
             return Err(SpecError::new(name, "config", rule));
         }
-        schema::compile(&self.parameters, self.strict)
-            .map_err(|rule| SpecError::new(name, "parameters", rule))
+        let validator = schema::compile(&self.parameters, self.strict)
+            .map_err(|rule| SpecError::new(name, "parameters", rule))?;
+        if self.strict {
+            crate::export::openai_strict(&self.parameters)
+                .map_err(|rule| SpecError::new(name, "parameters", format!("strict: {rule}")))?;
+        }
+        Ok(validator)
     }
 }
 
@@ -342,6 +347,21 @@ mod tests {
         let mut s = spec();
         s.config = vec!["API_TOKEN".into(), "bad key".into()];
         assert_eq!(field_of(&s), "config");
+    }
+
+    #[test]
+    fn a_strict_tool_must_meet_openais_strict_rules() {
+        let mut s = spec();
+        s.strict = true;
+        s.parameters = json!({"type": "object", "properties": {"a": {"not": {"type": "string"}}}});
+        let error = s.validate().unwrap_err();
+        assert_eq!(error.field, "parameters");
+        assert!(
+            error
+                .rule
+                .starts_with("strict: strict mode does not support `not`"),
+            "{error}"
+        );
     }
 
     #[test]

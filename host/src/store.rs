@@ -70,6 +70,15 @@ impl ToolEntry {
     }
 }
 
+/// An API key, stored by the sha256 of the key: the key itself is never stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// Public id, to list and revoke the key by.
+    pub id: String,
+    pub tenant: String,
+    pub created_at_ms: u64,
+}
+
 /// A tenant's configuration value, readable by the tools that declare its key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigValue {
@@ -135,6 +144,15 @@ pub trait Store: Send + Sync {
     fn config_set(&self, tenant: &str, key: &str, value: &ConfigValue) -> Result<()>;
     fn config_delete(&self, tenant: &str, key: &str) -> Result<bool>;
     fn config_keys(&self, tenant: &str) -> Result<Vec<String>>;
+
+    /// Records a tenant; false if it existed.
+    fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool>;
+    fn tenants(&self) -> Result<Vec<String>>;
+    fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()>;
+    fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>>;
+    fn keys(&self) -> Result<Vec<KeyRecord>>;
+    /// Revokes the key with this public id; false if there was none.
+    fn key_revoke(&self, id: &str) -> Result<bool>;
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -155,6 +173,8 @@ pub struct SledStore {
     cache: sled::Tree,
     kv: sled::Tree,
     config: sled::Tree,
+    tenants: sled::Tree,
+    keys: sled::Tree,
 }
 
 impl SledStore {
@@ -198,6 +218,8 @@ impl SledStore {
             cache: db.open_tree("cache")?,
             kv: db.open_tree("kv")?,
             config: db.open_tree("config")?,
+            tenants: db.open_tree("tenants")?,
+            keys: db.open_tree("keys")?,
             db,
         })
     }
@@ -369,6 +391,67 @@ impl Store for SledStore {
                 Ok(String::from_utf8_lossy(&key[prefix.len()..]).into_owned())
             })
             .collect()
+    }
+
+    fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
+        let created = self
+            .tenants
+            .compare_and_swap(
+                tenant,
+                None as Option<&[u8]>,
+                Some(&created_at_ms.to_be_bytes()[..]),
+            )?
+            .is_ok();
+        self.flush()?;
+        Ok(created)
+    }
+
+    fn tenants(&self) -> Result<Vec<String>> {
+        self.tenants
+            .iter()
+            .keys()
+            .map(|k| Ok(String::from_utf8_lossy(&k?).into_owned()))
+            .collect()
+    }
+
+    fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()> {
+        let json = serde_json::to_vec(record).expect("a key record serializes");
+        self.keys.insert(key_hash, json)?;
+        self.flush()
+    }
+
+    fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>> {
+        match self.keys.get(key_hash)? {
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt(key_hash.as_bytes(), e)),
+            None => Ok(None),
+        }
+    }
+
+    fn keys(&self) -> Result<Vec<KeyRecord>> {
+        self.keys
+            .iter()
+            .map(|item| {
+                let (key, value) = item?;
+                serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))
+            })
+            .collect()
+    }
+
+    fn key_revoke(&self, id: &str) -> Result<bool> {
+        let mut revoked = false;
+        for item in self.keys.iter() {
+            let (hash, value) = item?;
+            let record: KeyRecord =
+                serde_json::from_slice(&value).map_err(|e| corrupt(&hash, e))?;
+            if record.id == id {
+                self.keys.remove(hash)?;
+                revoked = true;
+            }
+        }
+        self.flush()?;
+        Ok(revoked)
     }
 }
 

@@ -1,0 +1,489 @@
+//! The HTTP API: keys, tenants, every route, limits, the error shape, graceful shutdown.
+
+#[path = "support/plugins.rs"]
+#[allow(dead_code)] // not every test file uses every helper
+mod plugins;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use plugins::plugin;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use toolhost::server::{MAX_REQUEST_BYTES, router};
+use toolhost::{Host, HostConfig, ToolSpec};
+
+struct Api {
+    router: Router,
+    host: Arc<Host>,
+    acme: String,
+    globex: String,
+}
+
+fn api() -> Api {
+    let host = Arc::new(Host::open(HostConfig::default()).unwrap());
+    let mut keys = Vec::new();
+    for tenant in ["acme", "globex"] {
+        host.create_tenant(tenant).unwrap();
+        keys.push(host.create_key(tenant).unwrap().secret);
+    }
+    let globex = keys.pop().unwrap();
+    let acme = keys.pop().unwrap();
+    Api {
+        router: router(host.clone()),
+        host,
+        acme,
+        globex,
+    }
+}
+
+async fn send(
+    api: &Api,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", content_type);
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    let response =
+        tower::ServiceExt::oneshot(api.router.clone(), request.body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
+}
+
+async fn get(api: &Api, path: &str, key: &str) -> (StatusCode, Value) {
+    send(api, "GET", path, Some(key), "application/json", vec![]).await
+}
+
+async fn post_json(api: &Api, path: &str, key: &str, body: Value) -> (StatusCode, Value) {
+    send(
+        api,
+        "POST",
+        path,
+        Some(key),
+        "application/json",
+        body.to_string().into_bytes(),
+    )
+    .await
+}
+
+async fn install(api: &Api, key: &str, name: &str) -> (StatusCode, Value) {
+    send(
+        api,
+        "POST",
+        "/v1/tools",
+        Some(key),
+        "application/wasm",
+        plugin(name),
+    )
+    .await
+}
+
+fn error_code(body: &Value) -> &str {
+    body["error"]["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error body: {body}"))
+}
+
+#[tokio::test]
+async fn keys_decide_the_tenant_and_anything_else_is_401() {
+    let api = api();
+    for key in [None, Some("thk_00000000_nope"), Some("")] {
+        let (status, body) = send(&api, "GET", "/v1/tools", key, "application/json", vec![]).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(error_code(&body), "unauthorized");
+    }
+    let (status, _) = get(&api, "/v1/tools", &api.acme).await;
+    assert_eq!(status, StatusCode::OK);
+    let id = &api.host.keys(Some("acme")).unwrap()[0].id;
+    assert!(api.host.revoke_key(id).unwrap());
+    assert_eq!(
+        get(&api, "/v1/tools", &api.acme).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        get(&api, "/v1/tools", &api.globex).await.0,
+        StatusCode::OK,
+        "other keys live on"
+    );
+}
+
+#[tokio::test]
+async fn a_tool_is_installed_called_versioned_and_removed_over_http() {
+    let api = api();
+    let (status, body) = install(&api, &api.acme, "text_stats").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["installed"].as_array().unwrap().len(), 2);
+
+    let (_, body) = get(&api, "/v1/tools", &api.acme).await;
+    let names: Vec<&str> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["spec"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["text_stats", "word_frequency"]);
+    let (status, body) = get(&api, "/v1/tools/text_stats", &api.acme).await;
+    assert_eq!(
+        (status, body["source"]["version"].as_u64()),
+        (StatusCode::OK, Some(1))
+    );
+
+    let (status, body) = post_json(
+        &api,
+        "/v1/tools/text_stats/call",
+        &api.acme,
+        json!({"arguments": {"text": "one two three"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (body["ok"].as_bool(), body["result"]["words"].as_u64()),
+        (Some(true), Some(3)),
+        "{body}"
+    );
+    assert!(body["call_id"].is_string() && body["fuel_used"].as_u64().unwrap() > 0);
+
+    let (status, body) = post_json(
+        &api,
+        "/v1/tools/text_stats/call",
+        &api.acme,
+        json!({"arguments": {"text": 1}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["ok"].as_bool()),
+        (StatusCode::OK, Some(false))
+    );
+    assert_eq!(error_code(&body), "invalid_args");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("/text"),
+        "{body}"
+    );
+
+    let (status, body) = get(&api, "/v1/tools/text_stats/versions", &api.acme).await;
+    assert_eq!(
+        (status, body["current"].as_u64()),
+        (StatusCode::OK, Some(1))
+    );
+    let (status, body) =
+        post_json(&api, "/v1/tools/text_stats/rollback", &api.acme, json!({})).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::CONFLICT, "no_such_version")
+    );
+
+    let (status, _) = send(
+        &api,
+        "DELETE",
+        "/v1/tools/text_stats",
+        Some(&api.acme),
+        "",
+        vec![],
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = post_json(&api, "/v1/tools/text_stats/call", &api.acme, json!({})).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+}
+
+#[tokio::test]
+async fn a_component_installs_from_a_multipart_form() {
+    let api = api();
+    let boundary = "toolhost-boundary";
+    let mut form = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"component\"; filename=\"u.wasm\"\r\nContent-Type: application/wasm\r\n\r\n"
+    )
+    .into_bytes();
+    form.extend(plugin("unit_convert"));
+    form.extend(format!("\r\n--{boundary}--\r\n").into_bytes());
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let (status, body) = send(
+        &api,
+        "POST",
+        "/v1/tools",
+        Some(&api.acme),
+        &content_type,
+        form,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["installed"][0]["name"], "convert_units");
+}
+
+#[tokio::test]
+async fn another_tenants_tool_answers_exactly_like_a_missing_one() {
+    let api = api();
+    let probes = [
+        ("GET", "/v1/tools/word_frequency", json!(null)),
+        (
+            "POST",
+            "/v1/tools/word_frequency/call",
+            json!({"arguments": {"text": "x"}}),
+        ),
+        ("GET", "/v1/tools/word_frequency/versions", json!(null)),
+        (
+            "POST",
+            "/v1/tools/word_frequency/rollback",
+            json!({"to": 1}),
+        ),
+        ("DELETE", "/v1/tools/word_frequency", json!(null)),
+    ];
+    let mut before = Vec::new();
+    for (method, path, body) in &probes {
+        before.push(
+            send(
+                &api,
+                method,
+                path,
+                Some(&api.globex),
+                "application/json",
+                body.to_string().into_bytes(),
+            )
+            .await,
+        );
+    }
+    install(&api, &api.acme, "text_stats").await;
+    for ((method, path, body), expected) in probes.iter().zip(before) {
+        let after = send(
+            &api,
+            method,
+            path,
+            Some(&api.globex),
+            "application/json",
+            body.to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!(after, expected, "{method} {path}");
+        assert_eq!(after.0, StatusCode::NOT_FOUND, "{method} {path}");
+    }
+    let (_, body) = get(&api, "/v1/tools", &api.globex).await;
+    assert_eq!(body["tools"], json!([]));
+    let (status, _) = get(&api, "/v1/tools/word_frequency", &api.acme).await;
+    assert_eq!(status, StatusCode::OK, "acme's tool is untouched");
+}
+
+#[tokio::test]
+async fn oversized_and_malformed_requests_get_the_error_shape() {
+    let api = api();
+    install(&api, &api.acme, "text_stats").await;
+    let huge = json!({"arguments": {"text": "x".repeat(MAX_REQUEST_BYTES)}});
+    let (status, body) = post_json(&api, "/v1/tools/text_stats/call", &api.acme, huge).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+    );
+
+    let (status, body) = send(
+        &api,
+        "POST",
+        "/v1/tools/text_stats/call",
+        Some(&api.acme),
+        "application/json",
+        b"{not json".to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::BAD_REQUEST, "invalid_json")
+    );
+
+    let too_big = vec![0u8; api.host.max_component_bytes() + 1];
+    let (status, body) = send(
+        &api,
+        "POST",
+        "/v1/tools",
+        Some(&api.acme),
+        "application/wasm",
+        too_big,
+    )
+    .await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+    );
+
+    let (status, body) = send(
+        &api,
+        "POST",
+        "/v1/tools",
+        Some(&api.acme),
+        "application/wasm",
+        b"garbage".to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component")
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not WebAssembly"),
+        "{body}"
+    );
+
+    let (status, body) = send(
+        &api,
+        "POST",
+        "/v1/tools",
+        Some(&api.acme),
+        "application/wasm",
+        plugin("bad_spec"),
+    )
+    .await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec")
+    );
+
+    let (status, body) = get(&api, "/v2/nothing", &api.acme).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::NOT_FOUND, "no_route")
+    );
+}
+
+#[tokio::test]
+async fn every_documented_route_exists() {
+    let api = api();
+    let (status, doc) = send(&api, "GET", "/openapi.json", None, "", vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 8);
+    for (path, methods) in paths {
+        for method in methods.as_object().unwrap().keys() {
+            let concrete = path.replace("{name}", "nothing_here");
+            let (status, body) = send(
+                &api,
+                &method.to_uppercase(),
+                &concrete,
+                Some(&api.acme),
+                "application/json",
+                vec![],
+            )
+            .await;
+            assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            assert!(
+                body["error"]["code"] != "no_route",
+                "{method} {path} is documented but not routed"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn export_follows_each_formats_rules_and_hides_private_tools() {
+    let api = api();
+    install(&api, &api.acme, "unit_convert").await;
+    let mut private = ToolSpec::new("internal_audit", "Host only.", json!({"type": "object"}));
+    private.private = true;
+    api.host
+        .natives()
+        .register(private, |_, _, _| async { Ok(Value::Null) })
+        .unwrap();
+
+    let (_, openai) = get(&api, "/v1/export?format=openai", &api.acme).await;
+    let tools = openai["tools"].as_array().unwrap();
+    assert_eq!(
+        tools.len(),
+        1,
+        "the private native is not exported: {openai}"
+    );
+    let function = &tools[0]["function"];
+    assert_eq!(
+        (tools[0]["type"].as_str(), function["strict"].as_bool()),
+        (Some("function"), Some(true))
+    );
+    assert_eq!(function["parameters"]["additionalProperties"], false);
+    assert_eq!(
+        function["parameters"]["required"],
+        json!(["value", "from", "to"])
+    );
+
+    let (_, anthropic) = get(&api, "/v1/export?format=anthropic", &api.acme).await;
+    let tool = &anthropic["tools"][0];
+    let keys: Vec<&String> = tool.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["name", "description", "input_schema"]);
+    assert_eq!(tool["input_schema"]["type"], "object");
+
+    let (_, mcp) = get(&api, "/v1/export?format=mcp", &api.acme).await;
+    assert_eq!(mcp["tools"][0]["inputSchema"]["type"], "object");
+
+    let (status, body) = get(&api, "/v1/export?format=xml", &api.acme).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::BAD_REQUEST, "bad_request")
+    );
+}
+
+/// A minimal HTTP/1.1 exchange over a real socket: (status, body).
+async fn http(addr: std::net::SocketAddr, request: String) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_running_calls_finish_and_refuses_new_ones() {
+    let api = api();
+    api.host.install("acme", plugin("probe")).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(toolhost::server::serve(api.host.clone(), listener, async {
+        let _ = stopped.await;
+    }));
+    let body = json!({"arguments": {"ms": 600}}).to_string();
+    let request = format!(
+        "POST /v1/tools/busy/call HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        api.acme,
+        body.len()
+    );
+    let running = tokio::spawn(http(addr, request));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.send(()).unwrap();
+    let (status, body) = running.await.unwrap().unwrap();
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (body["ok"].as_bool(), body["result"].as_str()),
+        (Some(true), Some("done"))
+    );
+    server.await.unwrap().unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed"
+    );
+}
