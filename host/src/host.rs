@@ -181,6 +181,8 @@ pub struct Host {
     /// Serializes read-modify-write of tool entries (install, rollback, remove), so that two
     /// installs of one tool cannot both become version N+1. Never held across an `await`.
     entry_writes: Mutex<()>,
+    /// The tenant whose visible tools changed, for subscribers such as MCP sessions.
+    changes: tokio::sync::broadcast::Sender<String>,
 }
 
 impl Host {
@@ -218,6 +220,7 @@ impl Host {
             loaded: Loaded::new(config.max_loaded_components),
             call_ids: CallIds::default(),
             entry_writes: Mutex::new(()),
+            changes: tokio::sync::broadcast::channel(256).0,
         })
     }
 
@@ -296,6 +299,7 @@ impl Host {
         for entry in &changed {
             self.catalog.insert(wasm_tool(entry)?);
         }
+        self.changed(tenant);
         Ok(specs)
     }
 
@@ -409,6 +413,7 @@ impl Host {
         let tool = wasm_tool(&entry)?;
         self.store.put_tool_entries(std::slice::from_ref(&entry))?;
         self.catalog.insert(tool);
+        self.changed(tenant);
         Ok(target)
     }
 
@@ -420,7 +425,9 @@ impl Host {
             return Ok(false);
         }
         self.store.remove_tool_entry(tenant, name)?;
-        Ok(self.catalog.remove(tenant, name))
+        let removed = self.catalog.remove(tenant, name);
+        self.changed(tenant);
+        Ok(removed)
     }
 
     /// Sets a configuration value of `tenant`, readable by its tools that declare `key`.
@@ -510,6 +517,17 @@ impl Host {
             .store
             .key_get(&sha256_hex(key.as_bytes()))?
             .map(|k| k.tenant))
+    }
+
+    /// Tenants whose visible tools change (install, rollback, remove), as they happen. A
+    /// lagging receiver should treat the lag as a change of its tenant.
+    pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self, tenant: &str) {
+        // No receivers is fine: nobody is listening.
+        let _ = self.changes.send(tenant.to_owned());
     }
 
     fn lock_entries(&self) -> std::sync::MutexGuard<'_, ()> {

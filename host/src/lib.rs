@@ -20,6 +20,7 @@ pub mod export;
 pub mod helpers;
 mod host;
 mod loaded;
+pub mod mcp;
 pub mod registry;
 pub mod sandbox;
 pub mod schema;

@@ -69,6 +69,8 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8080", env = "TOOLHOST_LISTEN")]
         listen: std::net::SocketAddr,
     },
+    /// Serve MCP on stdin/stdout for --tenant (for clients that spawn their servers).
+    Mcp,
     /// Tenants, which API keys belong to.
     #[command(subcommand)]
     Tenant(TenantCommand),
@@ -264,6 +266,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             toolhost::server::serve(std::sync::Arc::new(host), listener, shutdown_signal())
                 .await
                 .map_err(|e| Failure(1, format!("error: serving: {e}")))?;
+        }
+        Command::Mcp => {
+            toolhost::mcp::serve_stdio(std::sync::Arc::new(host), tenant)
+                .await
+                .map_err(|e| Failure(1, format!("error: mcp: {e}")))?;
         }
         Command::Tenant(TenantCommand::Create { name }) => {
             let created = host.create_tenant(&name).map_err(usage)?;

@@ -1,4 +1,5 @@
-//! The HTTP API: the host's operations for the caller's tenant, behind API keys.
+//! The HTTP API and the MCP endpoint: the host's operations for the caller's tenant, behind
+//! API keys. MCP (Streamable HTTP) is at `/mcp`; see [`crate::mcp`].
 //!
 //! Every route under `/v1` takes `Authorization: Bearer <key>`; the key decides the tenant.
 //! Errors have one shape, `{"error": {"code": "...", "message": "..."}}`. Another tenant's
@@ -19,9 +20,14 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
 use crate::call::{CallError, Caller};
 use crate::export::Format;
 use crate::host::{Host, InstallError, ManageError};
+use crate::mcp::{McpServer, McpTenant};
 use crate::sandbox::LoadError;
 
 /// Every request but an upload.
@@ -36,10 +42,33 @@ struct App {
     host: Arc<Host>,
 }
 
-/// The API's routes over `host`.
+/// The API's routes over `host`, MCP included; `stop` ends open MCP streams at shutdown.
 pub fn router(host: Arc<Host>) -> Router {
+    router_with_shutdown(host, CancellationToken::new())
+}
+
+fn router_with_shutdown(host: Arc<Host>, stop: CancellationToken) -> Router {
     let max_upload = host.max_component_bytes() + MULTIPART_OVERHEAD;
+    let mcp = {
+        let host = host.clone();
+        let config = StreamableHttpServerConfig::default()
+            .with_cancellation_token(stop)
+            .with_max_request_body_bytes(MAX_REQUEST_BYTES);
+        StreamableHttpService::new(
+            move || Ok(McpServer::http(host.clone())),
+            LocalSessionManager::default().into(),
+            config,
+        )
+    };
+    let app = App { host };
+    let mcp = Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            mcp_tenant,
+        ));
     Router::new()
+        .merge(mcp)
         .route("/healthz", get(|| async { "ok" }))
         .route("/openapi.json", get(openapi))
         .route(
@@ -61,7 +90,23 @@ pub fn router(host: Arc<Host>) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
-        .with_state(App { host })
+        .with_state(app)
+}
+
+/// `/mcp` takes the same API keys: the key's tenant rides along in the request's extensions.
+async fn mcp_tenant(
+    State(app): State<App>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (mut parts, body) = request.into_parts();
+    match Tenant::from_request_parts(&mut parts, &app).await {
+        Ok(Tenant(tenant)) => {
+            parts.extensions.insert(McpTenant(tenant));
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(error) => error.into_response(),
+    }
 }
 
 /// Serves `host` on `listener` until `shutdown` resolves, then lets running requests finish.
@@ -70,8 +115,14 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(host))
-        .with_graceful_shutdown(shutdown)
+    let stop = CancellationToken::new();
+    let app = router_with_shutdown(host, stop.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            // Open MCP event streams never end on their own; requests in flight still finish.
+            stop.cancel();
+        })
         .await
 }
 
