@@ -57,9 +57,14 @@ async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(toolhost::server::serve(host.clone(), listener, async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(toolhost::server::serve(
+        host.clone(),
+        listener,
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
 
     let addr = url
         .trim_start_matches("http://")
@@ -184,6 +189,49 @@ async fn the_official_client_talks_to_toolhost_mcp_over_stdio() {
         next_step(&mut lines, "bad_args").await["result"]["isError"],
         true
     );
+    assert_eq!(next_step(&mut lines, "unknown").await["threw"], true);
+    next_step(&mut lines, "closed").await;
+    assert!(child.wait().await.unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_disclosure_on_the_client_sees_the_bridges_and_can_still_call_found_tools() {
+    let data = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(HostConfig {
+            data_dir: Some(data.path().to_owned()),
+            ..HostConfig::default()
+        })
+        .unwrap();
+        host.install("acme", plugin("text_stats")).await.unwrap();
+    }
+    let mut child = Command::new("node")
+        .arg("client.mjs")
+        .args([
+            "stdio",
+            env!("CARGO_BIN_EXE_toolhost"),
+            data.path().to_str().unwrap(),
+            "acme",
+        ])
+        .args(["--disclosure", "on"])
+        .current_dir(client_dir())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node is installed");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    next_step(&mut lines, "initialized").await;
+    let listed = next_step(&mut lines, "listed").await;
+    assert_eq!(
+        listed["names"],
+        json!(["tool_search", "tool_describe", "tool_call"])
+    );
+    let called = next_step(&mut lines, "called").await;
+    assert_eq!(
+        called["result"]["structuredContent"]["words"], 3,
+        "{called}"
+    );
+    next_step(&mut lines, "bad_args").await;
     assert_eq!(next_step(&mut lines, "unknown").await["threw"], true);
     next_step(&mut lines, "closed").await;
     assert!(child.wait().await.unwrap().success());

@@ -34,7 +34,7 @@ fn api() -> Api {
     let globex = keys.pop().unwrap();
     let acme = keys.pop().unwrap();
     Api {
-        router: router(host.clone()),
+        router: router(host.clone(), Default::default()),
         host,
         acme,
         globex,
@@ -462,9 +462,14 @@ async fn shutdown_lets_running_calls_finish_and_refuses_new_ones() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(toolhost::server::serve(api.host.clone(), listener, async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(toolhost::server::serve(
+        api.host.clone(),
+        listener,
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
     let body = json!({"arguments": {"ms": 600}}).to_string();
     let request = format!(
         "POST /v1/tools/busy/call HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -16,6 +16,7 @@
 pub mod cache;
 pub mod call;
 pub mod clip;
+pub mod disclosure;
 pub mod export;
 pub mod helpers;
 mod host;

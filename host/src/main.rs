@@ -68,9 +68,14 @@ enum Command {
     Serve {
         #[arg(long, default_value = "127.0.0.1:8080", env = "TOOLHOST_LISTEN")]
         listen: std::net::SocketAddr,
+        #[command(flatten)]
+        disclosure: DisclosureArgs,
     },
     /// Serve MCP on stdin/stdout for --tenant (for clients that spawn their servers).
-    Mcp,
+    Mcp {
+        #[command(flatten)]
+        disclosure: DisclosureArgs,
+    },
     /// Tenants, which API keys belong to.
     #[command(subcommand)]
     Tenant(TenantCommand),
@@ -87,6 +92,30 @@ enum Command {
     /// The tenant's configuration, which tools read with `config-get`.
     #[command(subcommand)]
     Config(ConfigCommand),
+}
+
+/// What MCP clients are shown.
+#[derive(clap::Args)]
+struct DisclosureArgs {
+    /// off: list every tool; on: list tool_search, tool_describe and tool_call instead; auto:
+    /// on when the listing would pass half of 8000 tokens.
+    #[arg(long, default_value = "auto", value_parser = ["off", "on", "auto"])]
+    disclosure: String,
+}
+
+impl DisclosureArgs {
+    fn config(&self) -> toolhost::disclosure::DisclosureConfig {
+        use toolhost::disclosure::Mode;
+        let enabled = match self.disclosure.as_str() {
+            "off" => Mode::Off,
+            "on" => Mode::On,
+            _ => Mode::Auto,
+        };
+        toolhost::disclosure::DisclosureConfig {
+            enabled,
+            ..Default::default()
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -258,17 +287,25 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let version = host.rollback(&tenant, &tool, to).map_err(usage)?;
             println!("{tool} is now at version {version}");
         }
-        Command::Serve { listen } => {
+        Command::Serve { listen, disclosure } => {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|e| usage(format!("cannot listen on {listen}: {e}")))?;
             eprintln!("toolhost listening on http://{listen} (API: /openapi.json)");
-            toolhost::server::serve(std::sync::Arc::new(host), listener, shutdown_signal())
-                .await
-                .map_err(|e| Failure(1, format!("error: serving: {e}")))?;
+            let options = toolhost::server::ServerOptions {
+                disclosure: disclosure.config(),
+            };
+            toolhost::server::serve(
+                std::sync::Arc::new(host),
+                listener,
+                options,
+                shutdown_signal(),
+            )
+            .await
+            .map_err(|e| Failure(1, format!("error: serving: {e}")))?;
         }
-        Command::Mcp => {
-            toolhost::mcp::serve_stdio(std::sync::Arc::new(host), tenant)
+        Command::Mcp { disclosure } => {
+            toolhost::mcp::serve_stdio(std::sync::Arc::new(host), disclosure.config(), tenant)
                 .await
                 .map_err(|e| Failure(1, format!("error: mcp: {e}")))?;
         }

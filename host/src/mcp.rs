@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::call::Caller;
+use crate::disclosure::{Disclosure, DisclosureConfig};
 use crate::export::{self, Format};
 use crate::host::Host;
 
@@ -31,20 +32,27 @@ pub struct McpTenant(pub String);
 #[derive(Clone)]
 pub struct McpServer {
     host: Arc<Host>,
+    /// What the agent is shown: every tool, or the search bridges for a large catalog.
+    disclosure: Arc<Disclosure>,
     /// Fixed for stdio; `None` takes it from each HTTP request's [`McpTenant`].
     tenant: Option<String>,
 }
 
 impl McpServer {
-    pub fn stdio(host: Arc<Host>, tenant: String) -> Self {
+    pub fn stdio(host: Arc<Host>, disclosure: DisclosureConfig, tenant: String) -> Self {
         McpServer {
+            disclosure: Arc::new(Disclosure::new(host.clone(), disclosure)),
             host,
             tenant: Some(tenant),
         }
     }
 
-    pub fn http(host: Arc<Host>) -> Self {
-        McpServer { host, tenant: None }
+    pub fn http(host: Arc<Host>, disclosure: Arc<Disclosure>) -> Self {
+        McpServer {
+            host,
+            disclosure,
+            tenant: None,
+        }
     }
 
     fn tenant(&self, extensions: &rmcp::model::Extensions) -> Result<String, ErrorData> {
@@ -60,9 +68,13 @@ impl McpServer {
 }
 
 /// Serves MCP on stdin/stdout for `tenant` until the client disconnects.
-pub async fn serve_stdio(host: Arc<Host>, tenant: String) -> Result<(), String> {
+pub async fn serve_stdio(
+    host: Arc<Host>,
+    disclosure: DisclosureConfig,
+    tenant: String,
+) -> Result<(), String> {
     use rmcp::ServiceExt;
-    let running = McpServer::stdio(host, tenant)
+    let running = McpServer::stdio(host, disclosure, tenant)
         .serve(rmcp::transport::stdio())
         .await
         .map_err(|e| e.to_string())?;
@@ -99,12 +111,12 @@ impl ServerHandler for McpServer {
                 ErrorData::invalid_params(format!("invalid cursor `{cursor}`"), None)
             })?,
         };
-        let listed = self.host.list(&tenant);
+        let listed = self.disclosure.listing(&tenant);
         let page: Vec<Value> = listed
             .iter()
             .skip(start)
             .take(PAGE_SIZE)
-            .map(|info| export::tool(&info.spec, Format::Mcp))
+            .map(|spec| export::tool(spec, Format::Mcp))
             .collect();
         let next = (start + PAGE_SIZE < listed.len()).then(|| (start + PAGE_SIZE).to_string());
         let tools: Vec<Tool> = page
@@ -123,16 +135,25 @@ impl ServerHandler for McpServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let tenant = self.tenant(&context.extensions)?;
         let name = request.name.to_string();
-        // Private tools are the host's: an agent cannot call them by name either.
-        if self.host.list(&tenant).iter().all(|t| t.spec.name != name) {
+        // Callable: what is listed, and any visible tool (found through search). Private
+        // tools are the host's: an agent cannot call them by name either.
+        let listed = self
+            .disclosure
+            .listing(&tenant)
+            .iter()
+            .any(|s| s.name == name);
+        if !listed && self.host.list(&tenant).iter().all(|t| t.spec.name != name) {
             return Err(ErrorData::invalid_params(
                 format!("no tool named `{name}`"),
                 None,
             ));
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
-        let outcome = self.host.call(&Caller::tenant(tenant), &name, args).await;
-        let result = match outcome.result {
+        let result = match self
+            .disclosure
+            .call(&Caller::tenant(tenant), &name, args)
+            .await
+        {
             Ok(value) => {
                 let structured = if value.is_object() {
                     value.clone()

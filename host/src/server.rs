@@ -25,6 +25,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 use crate::call::{CallError, Caller};
+use crate::disclosure::{Disclosure, DisclosureConfig};
 use crate::export::Format;
 use crate::host::{Host, InstallError, ManageError};
 use crate::mcp::{McpServer, McpTenant};
@@ -42,20 +43,33 @@ struct App {
     host: Arc<Host>,
 }
 
-/// The API's routes over `host`, MCP included; `stop` ends open MCP streams at shutdown.
-pub fn router(host: Arc<Host>) -> Router {
-    router_with_shutdown(host, CancellationToken::new())
+/// How the server presents tools to agents.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// What MCP lists: every tool, or search bridges for large catalogs.
+    pub disclosure: DisclosureConfig,
 }
 
-fn router_with_shutdown(host: Arc<Host>, stop: CancellationToken) -> Router {
+/// The API's routes over `host`, MCP included.
+pub fn router(host: Arc<Host>, options: ServerOptions) -> Router {
+    router_with_shutdown(host, options, CancellationToken::new())
+}
+
+/// `stop` ends open MCP streams at shutdown.
+fn router_with_shutdown(
+    host: Arc<Host>,
+    options: ServerOptions,
+    stop: CancellationToken,
+) -> Router {
     let max_upload = host.max_component_bytes() + MULTIPART_OVERHEAD;
     let mcp = {
         let host = host.clone();
+        let disclosure = Arc::new(Disclosure::new(host.clone(), options.disclosure));
         let config = StreamableHttpServerConfig::default()
             .with_cancellation_token(stop)
             .with_max_request_body_bytes(MAX_REQUEST_BYTES);
         StreamableHttpService::new(
-            move || Ok(McpServer::http(host.clone())),
+            move || Ok(McpServer::http(host.clone(), disclosure.clone())),
             LocalSessionManager::default().into(),
             config,
         )
@@ -113,10 +127,11 @@ async fn mcp_tenant(
 pub async fn serve(
     host: Arc<Host>,
     listener: tokio::net::TcpListener,
+    options: ServerOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
-    let app = router_with_shutdown(host, stop.clone());
+    let app = router_with_shutdown(host, options, stop.clone());
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;

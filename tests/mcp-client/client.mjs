@@ -1,7 +1,7 @@
 // Drives toolhost's MCP server with the official TypeScript SDK client, for tests/mcp.rs.
 //
 //   node client.mjs http  <url> <api-key>
-//   node client.mjs stdio <toolhost binary> <data dir> <tenant>
+//   node client.mjs stdio <toolhost binary> <data dir> <tenant> [extra `toolhost mcp` args]
 //
 // Prints one JSON line per step; after "listed" it waits for one tools/list_changed
 // notification (the test installs a tool meanwhile) and prints "changed" with the new count.
@@ -20,10 +20,10 @@ if (mode === "http") {
     requestInit: { headers: { Authorization: `Bearer ${key}` } },
   });
 } else {
-  const [binary, dataDir, tenant] = rest;
+  const [binary, dataDir, tenant, ...extra] = rest;
   transport = new StdioClientTransport({
     command: binary,
-    args: ["mcp"],
+    args: ["mcp", ...extra],
     env: { ...process.env, TOOLHOST_DATA_DIR: dataDir, TOOLHOST_TENANT: tenant },
     stderr: "ignore",
   });

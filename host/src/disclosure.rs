@@ -1,0 +1,400 @@
+//! Progressive disclosure: for large catalogs an agent sees `tool_search`, `tool_describe` and
+//! `tool_call` instead of every schema, and finds tools by ranked search (BM25).
+//!
+//! `tool_call` goes through [`Host::call`], so validation, limits and every other step of the
+//! pipeline apply exactly as to a direct call.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::call::{CallError, CallOutcome, Caller};
+use crate::host::Host;
+use crate::spec::ToolSpec;
+
+pub const TOOL_SEARCH: &str = "tool_search";
+pub const TOOL_DESCRIBE: &str = "tool_describe";
+pub const TOOL_CALL: &str = "tool_call";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Off,
+    On,
+    /// On when the full listing would exceed `threshold_pct` of `listing_max_tokens`.
+    Auto,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DisclosureConfig {
+    pub enabled: Mode,
+    pub threshold_pct: u32,
+    pub listing_max_tokens: usize,
+    pub search_default_limit: usize,
+    pub max_search_limit: usize,
+    /// The top hits carry their full input schema, so the agent can call at once.
+    pub search_inline_schema_max: usize,
+    /// Offer `tool_call`; without it the agent calls found tools by name.
+    pub call_bridge: bool,
+    /// Listed in full even when disclosure is on.
+    pub eager_tools: Vec<String>,
+    /// Never listed in full: only found through search (turns the bridges on).
+    pub defer_tools: Vec<String>,
+}
+
+impl Default for DisclosureConfig {
+    fn default() -> Self {
+        DisclosureConfig {
+            enabled: Mode::Auto,
+            threshold_pct: 50,
+            listing_max_tokens: 8_000,
+            search_default_limit: 5,
+            max_search_limit: 20,
+            search_inline_schema_max: 5,
+            call_bridge: true,
+            eager_tools: Vec::new(),
+            defer_tools: Vec::new(),
+        }
+    }
+}
+
+/// What an agent is shown, and the bridge calls that serve it.
+pub struct Disclosure {
+    host: Arc<Host>,
+    config: DisclosureConfig,
+}
+
+impl Disclosure {
+    pub fn new(host: Arc<Host>, config: DisclosureConfig) -> Self {
+        Disclosure { host, config }
+    }
+
+    /// The tools to list to an agent of `tenant`: all of them, or the eager ones and the
+    /// bridges.
+    pub fn listing(&self, tenant: &str) -> Vec<ToolSpec> {
+        let visible: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
+        if !self.active(&visible) {
+            return visible;
+        }
+        let eager = |s: &ToolSpec| {
+            self.config.enabled == Mode::Off && !self.config.defer_tools.contains(&s.name)
+                || self.config.eager_tools.contains(&s.name)
+        };
+        let mut listing: Vec<ToolSpec> = visible.into_iter().filter(eager).collect();
+        listing.extend(self.bridges());
+        listing
+    }
+
+    fn active(&self, visible: &[ToolSpec]) -> bool {
+        let deferred = visible
+            .iter()
+            .any(|s| self.config.defer_tools.contains(&s.name));
+        deferred
+            || match self.config.enabled {
+                Mode::Off => false,
+                Mode::On => true,
+                Mode::Auto => {
+                    let chars: usize = visible
+                        .iter()
+                        .map(|s| serde_json::to_string(s).map_or(0, |j| j.len()))
+                        .sum();
+                    // About four characters a token for JSON tool specs.
+                    let tokens = chars / 4;
+                    tokens * 100
+                        > self.config.listing_max_tokens * self.config.threshold_pct as usize
+                }
+            }
+    }
+
+    fn bridges(&self) -> Vec<ToolSpec> {
+        let max = self.config.max_search_limit;
+        let mut bridges = vec![
+            ToolSpec::new(
+                TOOL_SEARCH,
+                "Searches the available tools by what they do. Returns the best matches with their descriptions; the top ones include their input schema.",
+                json!({"type": "object", "required": ["query"], "properties": {
+                    "query": {"type": "string", "description": "What the tool should do, in a few words."},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": max, "description": "How many tools to return."}
+                }}),
+            ),
+            ToolSpec::new(
+                TOOL_DESCRIBE,
+                "Returns a tool's full description and input schema, by name.",
+                json!({"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "description": "The tool's exact name."}
+                }}),
+            ),
+        ];
+        if self.config.call_bridge {
+            bridges.push(ToolSpec::new(
+                TOOL_CALL,
+                "Calls a tool found with tool_search, by name, with its arguments.",
+                json!({"type": "object", "required": ["name", "arguments"], "properties": {
+                    "name": {"type": "string"},
+                    "arguments": {"type": "object", "description": "Arguments matching the tool's input schema."}
+                }}),
+            ));
+        }
+        bridges
+    }
+
+    /// Calls `name`: a bridge, or any tool through the host.
+    pub async fn call(&self, caller: &Caller, name: &str, args: Value) -> Result<Value, CallError> {
+        match name {
+            TOOL_SEARCH => {
+                let query = args["query"]
+                    .as_str()
+                    .ok_or_else(|| bad("query must be a string"))?;
+                let limit = args["limit"]
+                    .as_u64()
+                    .map_or(self.config.search_default_limit, |l| l as usize);
+                Ok(self.search(
+                    &caller.tenant,
+                    query,
+                    limit.clamp(1, self.config.max_search_limit),
+                ))
+            }
+            TOOL_DESCRIBE => {
+                let wanted = args["name"]
+                    .as_str()
+                    .ok_or_else(|| bad("name must be a string"))?;
+                let info = self
+                    .host
+                    .list(&caller.tenant)
+                    .into_iter()
+                    .find(|t| t.spec.name == wanted);
+                let spec = info
+                    .ok_or_else(|| CallError::NotFound {
+                        name: wanted.to_owned(),
+                    })?
+                    .spec;
+                Ok(
+                    json!({"name": spec.name, "description": spec.description, "parameters": spec.parameters}),
+                )
+            }
+            TOOL_CALL if self.config.call_bridge => {
+                let target = args["name"]
+                    .as_str()
+                    .ok_or_else(|| bad("name must be a string"))?;
+                if [TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL].contains(&target) {
+                    return Err(bad("tool_call calls tools, not the bridges"));
+                }
+                // Only what this tenant's agent may see: private tools stay the host's.
+                if self
+                    .host
+                    .list(&caller.tenant)
+                    .iter()
+                    .all(|t| t.spec.name != target)
+                {
+                    return Err(CallError::NotFound {
+                        name: target.to_owned(),
+                    });
+                }
+                let outcome: CallOutcome = self
+                    .host
+                    .call(caller, target, args["arguments"].clone())
+                    .await;
+                outcome.result
+            }
+            _ => self.host.call(caller, name, args).await.result,
+        }
+    }
+
+    fn search(&self, tenant: &str, query: &str, limit: usize) -> Value {
+        let visible: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
+        let index = Index::build(&visible);
+        let hits: Vec<Value> = index
+            .search(query, limit)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, (i, score))| {
+                let spec = &visible[i];
+                let mut hit = json!({"name": spec.name, "description": spec.description, "score": (f64::from(score) * 1000.0).round() / 1000.0});
+                if rank < self.config.search_inline_schema_max {
+                    hit["parameters"] = spec.parameters.clone();
+                }
+                hit
+            })
+            .collect();
+        json!({"results": hits})
+    }
+}
+
+fn bad(message: &str) -> CallError {
+    CallError::InvalidArgs {
+        errors: vec![crate::schema::ArgError {
+            path: String::new(),
+            message: message.to_owned(),
+        }],
+    }
+}
+
+/// A BM25 index over tools: name (weighted 3), description, parameter names (2) and their
+/// descriptions. Documents are the positions of the specs it was built from.
+pub struct Index {
+    postings: HashMap<String, Vec<(u32, f32)>>,
+    lengths: Vec<f32>,
+    average_length: f32,
+}
+
+const K1: f32 = 1.2;
+const B: f32 = 0.75;
+const STOPWORDS: &[&str] = &[
+    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "i", "in", "into", "is", "it",
+    "its", "me", "my", "of", "on", "or", "that", "the", "this", "to", "with", "what", "which",
+    "who", "how", "do", "does", "can", "you", "your", "please", "want", "need", "some", "any",
+    "all",
+];
+
+impl Index {
+    pub fn build(specs: &[ToolSpec]) -> Self {
+        let mut postings: HashMap<String, Vec<(u32, f32)>> = HashMap::new();
+        let mut lengths = Vec::with_capacity(specs.len());
+        for (doc, spec) in specs.iter().enumerate() {
+            let mut terms: HashMap<String, f32> = HashMap::new();
+            let mut add = |text: &str, weight: f32| {
+                for term in tokens(text) {
+                    *terms.entry(term).or_default() += weight;
+                }
+            };
+            add(&spec.name, 3.0);
+            add(&spec.description, 1.0);
+            if let Some(props) = spec.parameters.get("properties").and_then(Value::as_object) {
+                for (name, schema) in props {
+                    add(name, 2.0);
+                    if let Some(d) = schema.get("description").and_then(Value::as_str) {
+                        add(d, 0.5);
+                    }
+                }
+            }
+            lengths.push(terms.values().sum());
+            for (term, frequency) in terms {
+                postings
+                    .entry(term)
+                    .or_default()
+                    .push((doc as u32, frequency));
+            }
+        }
+        let average_length = lengths.iter().sum::<f32>() / lengths.len().max(1) as f32;
+        Index {
+            postings,
+            lengths,
+            average_length: average_length.max(1.0),
+        }
+    }
+
+    /// The `limit` best documents for `query`, best first: (document, score).
+    pub fn search(&self, query: &str, limit: usize) -> Vec<(usize, f32)> {
+        let n = self.lengths.len() as f32;
+        let mut scores: HashMap<u32, f32> = HashMap::new();
+        let mut terms = tokens(query);
+        terms.sort();
+        terms.dedup();
+        for term in terms {
+            let Some(postings) = self.postings.get(&term) else {
+                continue;
+            };
+            let df = postings.len() as f32;
+            let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
+            for &(doc, tf) in postings {
+                let length = self.lengths[doc as usize] / self.average_length;
+                let score = idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * length));
+                *scores.entry(doc).or_default() += score;
+            }
+        }
+        let mut ranked: Vec<(usize, f32)> =
+            scores.into_iter().map(|(d, s)| (d as usize, s)).collect();
+        // Ties broken by position, so results are stable.
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        ranked.truncate(limit);
+        ranked
+    }
+}
+
+/// Lower-cased words, split at punctuation, `snake_case` and `camelCase`, lightly stemmed.
+pub fn tokens(text: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut current = String::new();
+    let mut previous_lower = false;
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            if c.is_uppercase() && previous_lower && !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+            previous_lower = c.is_lowercase() || c.is_numeric();
+            current.extend(c.to_lowercase());
+        } else {
+            previous_lower = false;
+            if !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    if !current.is_empty() {
+        words.push(current);
+    }
+    words
+        .into_iter()
+        .filter(|w| !STOPWORDS.contains(&w.as_str()))
+        .map(|w| stem(&w))
+        .collect()
+}
+
+/// A light suffix stripper: enough that "converts", "converting" and "convert" meet.
+fn stem(word: &str) -> String {
+    for suffix in ["ing", "ies", "es", "ed", "s"] {
+        if let Some(stem) = word.strip_suffix(suffix)
+            && stem.chars().count() >= 3
+        {
+            return match suffix {
+                "ies" => format!("{stem}y"),
+                _ => stem.to_owned(),
+            };
+        }
+    }
+    word.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_split_names_and_stem() {
+        assert_eq!(tokens("convertUnits"), ["convert", "unit"]);
+        assert_eq!(tokens("send_email to the Team!"), ["send", "email", "team"]);
+        assert_eq!(tokens("Converting queries"), ["convert", "query"]);
+    }
+
+    #[test]
+    fn search_ranks_the_matching_tool_first() {
+        let spec = |name: &str, description: &str| {
+            ToolSpec::new(name, description, json!({"type": "object"}))
+        };
+        let specs = [
+            spec("send_email", "Sends an email message to a recipient."),
+            spec(
+                "convert_units",
+                "Converts a quantity between units of length, mass and time.",
+            ),
+            spec(
+                "weather_forecast",
+                "Returns the weather forecast for a city.",
+            ),
+        ];
+        let index = Index::build(&specs);
+        assert_eq!(
+            index.search("how many km is 3 miles? convert length", 3)[0].0,
+            1
+        );
+        assert_eq!(index.search("email my boss", 3)[0].0, 0);
+        assert_eq!(
+            index.search("will it rain in Oslo tomorrow forecast", 1)[0].0,
+            2
+        );
+        assert!(index.search("zzzz", 3).is_empty());
+    }
+}
