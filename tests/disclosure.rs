@@ -215,3 +215,52 @@ async fn tool_call_runs_the_real_pipeline() {
         .await;
     assert_eq!(recursive.unwrap_err().code(), "invalid_args");
 }
+
+#[tokio::test]
+async fn search_sees_tools_installed_or_registered_after_the_index_was_built() {
+    let host = Arc::new(Host::open(HostConfig::default()).unwrap());
+    host.install("acme", plugin("unit_convert")).await.unwrap();
+    let disclosure = Disclosure::new(
+        host.clone(),
+        DisclosureConfig {
+            enabled: Mode::On,
+            ..DisclosureConfig::default()
+        },
+    );
+    let acme = Caller::tenant("acme");
+    let search = |query: &'static str| disclosure.call(&acme, TOOL_SEARCH, json!({"query": query}));
+    assert!(
+        search("word frequency").await.unwrap()["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["name"] != "word_frequency")
+    );
+    host.install("acme", plugin("text_stats")).await.unwrap();
+    assert_eq!(
+        search("word frequency").await.unwrap()["results"][0]["name"],
+        "word_frequency"
+    );
+    let spec = ToolSpec::new(
+        "send_invoice",
+        "Sends an invoice to a customer.",
+        json!({"type": "object"}),
+    );
+    host.natives()
+        .register(spec, |_, _, _| async { Ok(Value::Null) })
+        .unwrap();
+    assert_eq!(
+        search("invoice a customer").await.unwrap()["results"][0]["name"],
+        "send_invoice"
+    );
+    assert!(host.remove("acme", "word_frequency").unwrap());
+    let after = search("word frequency").await.unwrap();
+    assert!(
+        after["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["name"] != "word_frequency"),
+        "{after}"
+    );
+}

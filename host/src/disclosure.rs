@@ -5,7 +5,7 @@
 //! pipeline apply exactly as to a direct call.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -65,11 +65,41 @@ impl Default for DisclosureConfig {
 pub struct Disclosure {
     host: Arc<Host>,
     config: DisclosureConfig,
+    /// Each tenant's search index, with the host generation it was built at.
+    indexes: Mutex<HashMap<String, Arc<TenantIndex>>>,
+}
+
+struct TenantIndex {
+    generation: (u64, u64),
+    specs: Vec<ToolSpec>,
+    index: Index,
 }
 
 impl Disclosure {
     pub fn new(host: Arc<Host>, config: DisclosureConfig) -> Self {
-        Disclosure { host, config }
+        Disclosure {
+            host,
+            config,
+            indexes: Mutex::default(),
+        }
+    }
+
+    /// The tenant's index, rebuilt only when the host's tools changed since it was built.
+    fn index(&self, tenant: &str) -> Arc<TenantIndex> {
+        let generation = self.host.generation();
+        let mut indexes = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(cached) = indexes.get(tenant).filter(|c| c.generation == generation) {
+            return cached.clone();
+        }
+        let specs: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
+        let index = Index::build(&specs);
+        let built = Arc::new(TenantIndex {
+            generation,
+            specs,
+            index,
+        });
+        indexes.insert(tenant.to_owned(), built.clone());
+        built
     }
 
     /// The tools to list to an agent of `tenant`: all of them, or the eager ones and the
@@ -204,9 +234,10 @@ impl Disclosure {
     }
 
     fn search(&self, tenant: &str, query: &str, limit: usize) -> Value {
-        let visible: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
-        let index = Index::build(&visible);
-        let hits: Vec<Value> = index
+        let cached = self.index(tenant);
+        let visible = &cached.specs;
+        let hits: Vec<Value> = cached
+            .index
             .search(query, limit)
             .into_iter()
             .enumerate()

@@ -183,6 +183,8 @@ pub struct Host {
     entry_writes: Mutex<()>,
     /// The tenant whose visible tools changed, for subscribers such as MCP sessions.
     changes: tokio::sync::broadcast::Sender<String>,
+    /// Bumped on every catalog change, so caches of listings know to rebuild.
+    generation: AtomicU64,
 }
 
 impl Host {
@@ -221,6 +223,7 @@ impl Host {
             call_ids: CallIds::default(),
             entry_writes: Mutex::new(()),
             changes: tokio::sync::broadcast::channel(256).0,
+            generation: AtomicU64::new(0),
         })
     }
 
@@ -525,7 +528,16 @@ impl Host {
         self.changes.subscribe()
     }
 
+    /// Changes whenever any tenant's visible tools may have changed (natives included).
+    pub fn generation(&self) -> (u64, u64) {
+        (
+            self.generation.load(Ordering::Acquire),
+            self.natives.generation(),
+        )
+    }
+
     fn changed(&self, tenant: &str) {
+        self.generation.fetch_add(1, Ordering::Release);
         // No receivers is fine: nobody is listening.
         let _ = self.changes.send(tenant.to_owned());
     }

@@ -51,6 +51,8 @@ pub enum RegisterError {
 #[derive(Default)]
 pub struct NativeRegistry {
     tools: RwLock<BTreeMap<String, Arc<NativeTool>>>,
+    /// Bumped on every registration, so caches of listings know to rebuild.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl NativeRegistry {
@@ -76,6 +78,8 @@ impl NativeRegistry {
                 handler,
             }),
         );
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -85,6 +89,11 @@ impl NativeRegistry {
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
             .cloned()
+    }
+
+    /// Changes whenever a tool is registered.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The native tool whose name equals `name` but for case, if any.

@@ -230,9 +230,18 @@ impl SledStore {
     }
 }
 
-fn parse_entry(item: sled::Result<(sled::IVec, sled::IVec)>) -> Result<ToolEntry> {
-    let (key, value) = item?;
-    serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))
+/// Every entry that parses. An unreadable one (damaged, or from an incompatible version) is
+/// logged and left in place, untouched: one bad record must not stop every tenant's tools.
+fn readable_entries(items: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>) -> Result<Vec<ToolEntry>> {
+    let mut entries = Vec::new();
+    for item in items {
+        let (key, value) = item?;
+        match serde_json::from_slice(&value) {
+            Ok(entry) => entries.push(entry),
+            Err(e) => tracing::error!(error = %corrupt(&key, e), "tool record skipped"),
+        }
+    }
+    Ok(entries)
 }
 
 fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
@@ -244,12 +253,12 @@ fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
 
 impl Store for SledStore {
     fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
-        self.tools.iter().map(parse_entry).collect()
+        readable_entries(self.tools.iter())
     }
 
     fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
         let prefix = [tenant.as_bytes(), b"\0"].concat();
-        self.tools.scan_prefix(prefix).map(parse_entry).collect()
+        readable_entries(self.tools.scan_prefix(prefix))
     }
 
     fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {
@@ -520,6 +529,19 @@ mod tests {
         assert_eq!(store.config_get("b", "TOKEN").unwrap(), None);
         assert_eq!(store.config_keys("a").unwrap(), ["TOKEN"]);
         assert!(store.config_keys("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_unreadable_tool_record_is_skipped_not_fatal() {
+        let store = SledStore::temporary().unwrap();
+        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
+        let mut entry = ToolEntry { tenant: "a".into(), name: "t".into(), current: 0, versions: vec![] };
+        entry.push(spec, "sha".into(), 1);
+        store.put_tool_entries(&[entry.clone()]).unwrap();
+        store.tools.insert(key(&["a", "broken"]), &b"{not an entry"[..]).unwrap();
+        assert_eq!(store.tool_entries().unwrap(), vec![entry.clone()]);
+        assert_eq!(store.tool_entries_of("a").unwrap(), vec![entry]);
+        assert!(store.tools.get(key(&["a", "broken"])).unwrap().is_some(), "left in place");
     }
 
     #[test]
