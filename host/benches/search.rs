@@ -51,7 +51,10 @@ fn overlap_ranking(specs: &[ToolSpec], query: &str, limit: usize) -> Vec<usize> 
 }
 
 fn recall(rankings: &[(Vec<usize>, usize)], k: usize) -> f64 {
-    let hits = rankings.iter().filter(|(ranked, expected)| ranked.iter().take(k).any(|i| i == expected)).count();
+    let hits = rankings
+        .iter()
+        .filter(|(ranked, expected)| ranked.iter().take(k).any(|i| i == expected))
+        .count();
     hits as f64 / rankings.len() as f64
 }
 
@@ -75,18 +78,41 @@ fn main() {
     let mut misses = Vec::new();
     for q in &set.queries {
         let expected = position(&q.expected);
-        let ranked: Vec<usize> = index.search(&q.query, 5).into_iter().map(|(i, _)| i).collect();
+        let ranked: Vec<usize> = index
+            .search(&q.query, 5)
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
         if ranked.first() != Some(&expected) {
-            let top = ranked.first().map_or("(nothing)", |&i| specs[i].name.as_str());
-            misses.push(format!("  {:?}: expected {}, got {top}", q.query, q.expected));
+            let top = ranked
+                .first()
+                .map_or("(nothing)", |&i| specs[i].name.as_str());
+            misses.push(format!(
+                "  {:?}: expected {}, got {top}",
+                q.query, q.expected
+            ));
         }
         bm25.push((ranked, expected));
         overlap.push((overlap_ranking(&specs, &q.query, 5), expected));
     }
-    println!("search quality: {} tools, {} labelled queries", specs.len(), set.queries.len());
+    println!(
+        "search quality: {} tools, {} labelled queries",
+        specs.len(),
+        set.queries.len()
+    );
     println!("{:<34} {:>9} {:>9}", "", "recall@1", "recall@5");
-    println!("{:<34} {:>9.2} {:>9.2}", "BM25 index", recall(&bm25, 1), recall(&bm25, 5));
-    println!("{:<34} {:>9.2} {:>9.2}", "peer: keyword overlap", recall(&overlap, 1), recall(&overlap, 5));
+    println!(
+        "{:<34} {:>9.2} {:>9.2}",
+        "BM25 index",
+        recall(&bm25, 1),
+        recall(&bm25, 5)
+    );
+    println!(
+        "{:<34} {:>9.2} {:>9.2}",
+        "peer: keyword overlap",
+        recall(&overlap, 1),
+        recall(&overlap, 5)
+    );
     println!("BM25 top-1 misses:\n{}", misses.join("\n"));
 
     // 10 000 tools: the set 20 times over, names made unique.
@@ -119,9 +145,23 @@ fn main() {
     }
     rebuild.sort();
     println!();
-    println!("search latency over {} tools ({} searches)", large.len(), samples.len());
+    println!(
+        "search latency over {} tools ({} searches)",
+        large.len(),
+        samples.len()
+    );
     println!("{:<34} {:>9} {:>9}", "", "p50 µs", "p99 µs");
-    println!("{:<34} {:>9.1} {:>9.1}", "cached BM25 index", percentile(&samples, 50), percentile(&samples, 99));
-    println!("{:<34} {:>9.1} {:>9.1}", "peer: rebuild index per query", percentile(&rebuild, 50), percentile(&rebuild, 99));
+    println!(
+        "{:<34} {:>9.1} {:>9.1}",
+        "cached BM25 index",
+        percentile(&samples, 50),
+        percentile(&samples, 99)
+    );
+    println!(
+        "{:<34} {:>9.1} {:>9.1}",
+        "peer: rebuild index per query",
+        percentile(&rebuild, 50),
+        percentile(&rebuild, 99)
+    );
     println!("index build: {:.1} ms", build.as_secs_f64() * 1e3);
 }

@@ -232,7 +232,9 @@ impl SledStore {
 
 /// Every entry that parses. An unreadable one (damaged, or from an incompatible version) is
 /// logged and left in place, untouched: one bad record must not stop every tenant's tools.
-fn readable_entries(items: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>) -> Result<Vec<ToolEntry>> {
+fn readable_entries(
+    items: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
+) -> Result<Vec<ToolEntry>> {
     let mut entries = Vec::new();
     for item in items {
         let (key, value) = item?;
@@ -535,13 +537,24 @@ mod tests {
     fn an_unreadable_tool_record_is_skipped_not_fatal() {
         let store = SledStore::temporary().unwrap();
         let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
-        let mut entry = ToolEntry { tenant: "a".into(), name: "t".into(), current: 0, versions: vec![] };
+        let mut entry = ToolEntry {
+            tenant: "a".into(),
+            name: "t".into(),
+            current: 0,
+            versions: vec![],
+        };
         entry.push(spec, "sha".into(), 1);
         store.put_tool_entries(&[entry.clone()]).unwrap();
-        store.tools.insert(key(&["a", "broken"]), &b"{not an entry"[..]).unwrap();
+        store
+            .tools
+            .insert(key(&["a", "broken"]), &b"{not an entry"[..])
+            .unwrap();
         assert_eq!(store.tool_entries().unwrap(), vec![entry.clone()]);
         assert_eq!(store.tool_entries_of("a").unwrap(), vec![entry]);
-        assert!(store.tools.get(key(&["a", "broken"])).unwrap().is_some(), "left in place");
+        assert!(
+            store.tools.get(key(&["a", "broken"])).unwrap().is_some(),
+            "left in place"
+        );
     }
 
     #[test]
