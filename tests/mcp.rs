@@ -14,7 +14,7 @@ use std::time::Duration;
 use plugins::{plugin, root};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{ChildStdout, Command};
+use tokio::process::{Child, ChildStdout, Command};
 use toolhost::{Host, HostConfig, ToolSpec};
 
 fn client_dir() -> PathBuf {
@@ -154,8 +154,9 @@ async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() 
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_client_talks_to_toolhost_mcp_over_stdio() {
+/// `toolhost mcp` for tenant `acme` (with `text_stats` installed), driven by the official
+/// client over stdio; the data directory lives as long as the returned guard.
+async fn stdio_client(extra: &[&str]) -> (tempfile::TempDir, Child, Lines<BufReader<ChildStdout>>) {
     let data = tempfile::tempdir().unwrap();
     {
         let host = Host::open(HostConfig {
@@ -173,12 +174,19 @@ async fn the_official_client_talks_to_toolhost_mcp_over_stdio() {
             data.path().to_str().unwrap(),
             "acme",
         ])
+        .args(extra)
         .current_dir(client_dir())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("node is installed");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (data, child, lines)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_client_talks_to_toolhost_mcp_over_stdio() {
+    let (_data, mut child, mut lines) = stdio_client(&[]).await;
     next_step(&mut lines, "initialized").await;
     let listed = next_step(&mut lines, "listed").await;
     assert_eq!(listed["names"], json!(["text_stats", "word_frequency"]));
@@ -196,30 +204,7 @@ async fn the_official_client_talks_to_toolhost_mcp_over_stdio() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_disclosure_on_the_client_sees_the_bridges_and_can_still_call_found_tools() {
-    let data = tempfile::tempdir().unwrap();
-    {
-        let host = Host::open(HostConfig {
-            data_dir: Some(data.path().to_owned()),
-            ..HostConfig::default()
-        })
-        .unwrap();
-        host.install("acme", plugin("text_stats")).await.unwrap();
-    }
-    let mut child = Command::new("node")
-        .arg("client.mjs")
-        .args([
-            "stdio",
-            env!("CARGO_BIN_EXE_toolhost"),
-            data.path().to_str().unwrap(),
-            "acme",
-        ])
-        .args(["--disclosure", "on"])
-        .current_dir(client_dir())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node is installed");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (_data, mut child, mut lines) = stdio_client(&["--disclosure", "on"]).await;
     next_step(&mut lines, "initialized").await;
     let listed = next_step(&mut lines, "listed").await;
     assert_eq!(

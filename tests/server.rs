@@ -282,86 +282,100 @@ async fn another_tenants_tool_answers_exactly_like_a_missing_one() {
     assert_eq!(status, StatusCode::OK, "acme's tool is untouched");
 }
 
+/// Sends as acme and checks the error shape: status and code; returns the message.
+async fn expect_error(
+    api: &Api,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    status: StatusCode,
+    code: &str,
+) -> String {
+    let (got, body) = send(api, method, path, Some(&api.acme), content_type, body).await;
+    assert_eq!(
+        (got, error_code(&body)),
+        (status, code),
+        "{method} {path}: {body}"
+    );
+    body["error"]["message"].as_str().unwrap().to_owned()
+}
+
 #[tokio::test]
 async fn oversized_and_malformed_requests_get_the_error_shape() {
     let api = api();
     install(&api, &api.acme, "text_stats").await;
-    let huge = json!({"arguments": {"text": "x".repeat(MAX_REQUEST_BYTES)}});
-    let (status, body) = post_json(&api, "/v1/tools/text_stats/call", &api.acme, huge).await;
-    assert_eq!(
-        (status, error_code(&body)),
-        (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
-    );
-
-    let (status, body) = send(
+    let call = "/v1/tools/text_stats/call";
+    let huge = json!({"arguments": {"text": "x".repeat(MAX_REQUEST_BYTES)}})
+        .to_string()
+        .into_bytes();
+    expect_error(
         &api,
         "POST",
-        "/v1/tools/text_stats/call",
-        Some(&api.acme),
+        call,
         "application/json",
-        b"{not json".to_vec(),
+        huge,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
     )
     .await;
-    assert_eq!(
-        (status, error_code(&body)),
-        (StatusCode::BAD_REQUEST, "invalid_json")
-    );
+    let not_json = b"{not json".to_vec();
+    expect_error(
+        &api,
+        "POST",
+        call,
+        "application/json",
+        not_json,
+        StatusCode::BAD_REQUEST,
+        "invalid_json",
+    )
+    .await;
 
+    let wasm = "application/wasm";
     let too_big = vec![0u8; api.host.max_component_bytes() + 1];
-    let (status, body) = send(
+    expect_error(
         &api,
         "POST",
         "/v1/tools",
-        Some(&api.acme),
-        "application/wasm",
+        wasm,
         too_big,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
     )
     .await;
-    assert_eq!(
-        (status, error_code(&body)),
-        (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
-    );
-
-    let (status, body) = send(
+    let garbage = b"garbage".to_vec();
+    let message = expect_error(
         &api,
         "POST",
         "/v1/tools",
-        Some(&api.acme),
-        "application/wasm",
-        b"garbage".to_vec(),
+        wasm,
+        garbage,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_component",
     )
     .await;
-    assert_eq!(
-        (status, error_code(&body)),
-        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component")
-    );
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("not WebAssembly"),
-        "{body}"
-    );
-
-    let (status, body) = send(
+    assert!(message.contains("not WebAssembly"), "{message}");
+    let bad_spec = plugin("bad_spec");
+    expect_error(
         &api,
         "POST",
         "/v1/tools",
-        Some(&api.acme),
-        "application/wasm",
-        plugin("bad_spec"),
+        wasm,
+        bad_spec,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_spec",
     )
     .await;
-    assert_eq!(
-        (status, error_code(&body)),
-        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec")
-    );
-
-    let (status, body) = get(&api, "/v2/nothing", &api.acme).await;
-    assert_eq!(
-        (status, error_code(&body)),
-        (StatusCode::NOT_FOUND, "no_route")
-    );
+    expect_error(
+        &api,
+        "GET",
+        "/v2/nothing",
+        "",
+        vec![],
+        StatusCode::NOT_FOUND,
+        "no_route",
+    )
+    .await;
 }
 
 #[tokio::test]

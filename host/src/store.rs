@@ -2,7 +2,7 @@
 //!
 //! | tree        | key                            | value                                     |
 //! |-------------|--------------------------------|-------------------------------------------|
-//! | `tools`     | `tenant \0 name`               | [`ToolEntry`] JSON: every kept version    |
+//! | `tools`     | `tenant \0 name`               | [`ToolEntry`] JSON: every kept version (spec, source kind, component sha256, installed-at) |
 //! | `blobs`     | component sha256 (hex)         | the uploaded component bytes              |
 //! | `artifacts` | `sha256 : engine fingerprint`  | sha256 of the artifact, then the artifact |
 //! | `cache`     | sha256 of (tenant, tool, version, key) | expiry (u64 BE ms), then result JSON |
@@ -36,10 +36,21 @@ pub struct ToolEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolVersion {
     pub version: u32,
+    /// What implements it (JavaScript and HTTP tools will add kinds).
+    #[serde(default)]
+    pub kind: SourceKind,
     pub spec: ToolSpec,
     /// sha256 (hex) of the component that implements it.
     pub component: String,
     pub installed_at_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// A WebAssembly component.
+    #[default]
+    Wasm,
 }
 
 /// Older versions past this many are forgotten (their blobs stay, shared by content).
@@ -60,6 +71,7 @@ impl ToolEntry {
         let version = self.versions.last().map_or(1, |v| v.version + 1);
         self.versions.push(ToolVersion {
             version,
+            kind: SourceKind::Wasm,
             spec,
             component,
             installed_at_ms,
