@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::call::Caller;
-use crate::disclosure::{Disclosure, DisclosureConfig};
+use crate::disclosure::{Disclosure, DisclosureConfig, TOOL_CALL, TOOL_DESCRIBE, TOOL_SEARCH};
 use crate::export::{self, Format};
 use crate::host::Host;
 
@@ -135,14 +135,20 @@ impl ServerHandler for McpServer {
     ) -> Result<CallToolResponse, ErrorData> {
         let tenant = self.tenant(&context.extensions)?;
         let name = request.name.to_string();
-        // Callable: what is listed, and any visible tool (found through search). Private
-        // tools are the host's: an agent cannot call them by name either.
-        let listed = self
-            .disclosure
-            .listing(&tenant)
-            .iter()
-            .any(|s| s.name == name);
-        if !listed && self.host.list(&tenant).iter().all(|t| t.spec.name != name) {
+        // Callable: any visible tool (found through search or listed), and the bridges when
+        // they are listed. Private tools are the host's: an agent cannot call them by name
+        // either. Looked up by name: building the whole listing per call is O(catalog).
+        let visible = self
+            .host
+            .describe(&tenant, &name)
+            .is_some_and(|info| !info.spec.private);
+        let bridge = [TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL].contains(&name.as_str())
+            && self
+                .disclosure
+                .listing(&tenant)
+                .iter()
+                .any(|s| s.name == name);
+        if !visible && !bridge {
             return Err(ErrorData::invalid_params(
                 format!("no tool named `{name}`"),
                 None,
