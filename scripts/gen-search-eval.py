@@ -324,6 +324,61 @@ QUERIES = [
     ("how many miles is a marathon in kilometers, convert the distance", "units_convert_length"),
 ]
 
+# Written before any tuning of the ranking and never used to tune it: the bench reports them
+# apart, so a gain that only fits QUERIES shows up as a gap between the two.
+HELD_OUT = [
+    ("archive these three messages from the newsletter sender", "email_move_to_folder"),
+    ("ping me 15 minutes before the standup starts", "calendar_set_reminder"),
+    ("we closed the Globex opportunity, mark it won", "crm_move_deal_stage"),
+    ("ship the approved PR 118 in the backend repo", "github_merge_pull_request"),
+    ("I spent three hours on PROJ-7 today", "jira_log_work"),
+    ("react with a thumbs up to that message", "slack_add_reaction"),
+    ("is the air safe to breathe in Delhi today", "weather_air_quality"),
+    ("how much has Tesla paid out to shareholders per share", "stocks_dividends"),
+    ("buy 0.5 ETH at market price", "crypto_place_order"),
+    ("what are the coordinates of 10 Downing Street", "maps_geocode"),
+    ("I want a window seat on my flight", "flights_select_seat"),
+    ("what do guests say about the Hilton downtown", "hotels_hotel_reviews"),
+    ("when does the next transfer to our bank arrive", "payments_payout_schedule"),
+    ("the client paid invoice 88 yesterday", "invoices_mark_paid"),
+    ("show my salary slip for March", "hr_payslip"),
+    ("make an offer to the backend candidate at 120k", "recruiting_send_offer"),
+    ("which sites send us the most traffic", "analytics_top_referrers"),
+    ("what columns does the orders table have", "database_table_schema"),
+    ("how much of our storage quota is used", "files_storage_usage"),
+    ("make this picture 800 pixels wide", "images_resize_image"),
+    ("combine these two PDFs into one file", "pdf_merge_pdfs"),
+    ("what language is this sentence written in", "translate_detect_language"),
+    ("draw a bar chart of the revenue column", "sheets_create_chart"),
+    ("leave a remark on the second paragraph of the proposal", "docs_add_comment"),
+    ("who left items in their basket without buying", "shop_abandoned_carts"),
+    ("how much would it cost to post a 2 kg box to Berlin", "shipping_shipping_rates"),
+    ("move 40 units from the Leeds warehouse to Bristol", "inventory_transfer_stock"),
+    ("how happy are customers with our help desk", "support_csat_scores"),
+    ("I'm on it, acknowledge the page for the outage", "monitoring_acknowledge_incident"),
+    ("keep logs for 90 days only", "logs_set_retention"),
+    ("who owns the domain example.net", "dns_whois"),
+    ("restart all pods of the checkout deployment", "k8s_rollout_restart"),
+    ("shut down the staging VM to save money", "cloud_stop_instance"),
+    ("take this reader off the mailing list", "marketing_unsubscribe"),
+    ("what are people saying about our brand on twitter", "social_mentions"),
+    ("give me a short version of this article", "news_summarize_article"),
+    ("when do Arsenal play next", "sports_fixtures"),
+    ("how many calories are in this lasagna recipe", "recipes_nutrition_facts"),
+    ("book a checkup with my doctor next Monday", "health_book_appointment"),
+    ("how many steps did I walk yesterday", "fitness_daily_steps"),
+    ("show me the words of this song", "music_lyrics"),
+    ("cut the first ten seconds off the clip", "video_trim_video"),
+    ("score Maria's essay homework", "learning_grade_assignment"),
+    ("which agreements come up for renewal this quarter", "legal_renewal_dates"),
+    ("how much is my apartment worth", "realestate_estimate_value"),
+    ("switch off the kitchen lamp", "smarthome_toggle_lights"),
+    ("has my password been leaked", "security_check_password_breach"),
+    ("tick off the grocery task, it's done", "notes_complete_todo"),
+    ("what was the euro to yen rate on new year's day 2020", "currency_historical_rate"),
+    ("it's 75 Fahrenheit, what is that in Celsius", "units_convert_temperature"),
+]
+
 
 def schema(params):
     return {"type": "object", "properties": {k: {"type": "string", "description": v} for k, v in params.items()}}
@@ -343,12 +398,15 @@ def main():
     assert len(tools) == len(names) == 500, (len(tools), len(names))
     for query, expected in QUERIES:
         assert expected in names, expected
-    assert len(QUERIES) == 50
+    for query, expected in HELD_OUT:
+        assert expected in names, expected
+    assert len(QUERIES) == len(HELD_OUT) == 50
     out = pathlib.Path(__file__).resolve().parent.parent / "host/benches/data/search-eval.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    data = {"tools": tools, "queries": [{"query": q, "expected": e} for q, e in QUERIES]}
+    data = {"tools": tools, "queries": [{"query": q, "expected": e} for q, e in QUERIES],
+            "held_out_queries": [{"query": q, "expected": e} for q, e in HELD_OUT]}
     out.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {out}: {len(tools)} tools, {len(QUERIES)} queries")
+    print(f"wrote {out}: {len(tools)} tools, {len(QUERIES)} + {len(HELD_OUT)} held-out queries")
 
 
 if __name__ == "__main__":

@@ -388,7 +388,9 @@ async fn every_documented_route_exists() {
     assert!(paths.len() >= 8);
     for (path, methods) in paths {
         for method in methods.as_object().unwrap().keys() {
-            let concrete = path.replace("{name}", "nothing_here");
+            let concrete = path
+                .replace("{name}", "nothing_here")
+                .replace("{call_id}", "no_such_call");
             let (status, body) = send(
                 &api,
                 &method.to_uppercase(),
@@ -405,6 +407,79 @@ async fn every_documented_route_exists() {
             );
         }
     }
+}
+
+#[tokio::test]
+async fn approvals_policy_and_metrics_over_http() {
+    let api = api();
+    let mut guarded = ToolSpec::new("wire_money", "Moves money.", json!({"type": "object"}));
+    guarded.needs_approval = true;
+    api.host
+        .natives()
+        .register(guarded, |_, _, _| async { Ok(json!("wired")) })
+        .unwrap();
+    let policy = serde_json::from_value(json!({"calls_per_minute": 600, "deny": ["admin_*"]}));
+    api.host.set_policy("acme", policy.unwrap()).unwrap();
+    let (status, body) = get(&api, "/v1/policy", &api.acme).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"calls_per_minute": 600, "deny": ["admin_*"]}));
+    assert_eq!(get(&api, "/v1/policy", &api.globex).await.1, json!({}));
+
+    let call = "/v1/tools/wire_money/call";
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (status, body) = post_json(&api, call, &api.acme, json!({"arguments": {}})).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(error_code(&body), "approval_required");
+        ids.push(body["call_id"].as_str().unwrap().to_owned());
+    }
+    let (_, pending) = get(&api, "/v1/approvals", &api.acme).await;
+    assert_eq!(pending["pending"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        get(&api, "/v1/approvals", &api.globex).await.1["pending"],
+        json!([])
+    );
+
+    let approve = format!("/v1/approvals/{}/approve", ids[0]);
+    let (status, body) = post_json(&api, &approve, &api.globex, json!({})).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::NOT_FOUND, "not_pending")
+    );
+    let (status, body) = post_json(&api, &approve, &api.acme, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (&body["result"], &body["call_id"]),
+        (&json!("wired"), &json!(ids[0]))
+    );
+    assert_eq!(
+        post_json(&api, &approve, &api.acme, json!({})).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    let reject = format!("/v1/approvals/{}/reject", ids[1]);
+    let (status, body) = post_json(&api, &reject, &api.acme, json!({"reason": "no"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body["error"],
+        json!({"code": "rejected", "message": "rejected: no"})
+    );
+
+    let (status, text) = send(&api, "GET", "/metrics", None, "", vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = text.as_str().unwrap();
+    assert!(
+        text.contains("toolhost_calls_total{outcome=\"approval_required\"} 2\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("toolhost_calls_total{outcome=\"rejected\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("acme") && !text.contains("wire_money"),
+        "names nobody"
+    );
 }
 
 #[tokio::test]

@@ -88,6 +88,22 @@ pub enum CallError {
     /// The host could not run the call (for example, its stored component is missing).
     #[error("host error: {message}")]
     Internal { message: String },
+    /// The tenant's policy or a hook of the embedding app refused the call.
+    #[error("denied: {reason}")]
+    Denied { reason: String },
+    /// The call waits for the embedding app to approve or reject it, by this call id.
+    #[error("call `{call_id}` needs approval before it runs")]
+    ApprovalRequired { call_id: String },
+    /// The embedding app rejected the call.
+    #[error("rejected: {reason}")]
+    Rejected { reason: String },
+    /// The tenant is over a rate or concurrency limit of its policy; other tenants are not.
+    #[error("rate limited: {message}")]
+    RateLimited {
+        limit: &'static str,
+        message: String,
+        retry_after_ms: Option<u64>,
+    },
 }
 
 fn list(errors: &[ArgError]) -> String {
@@ -111,6 +127,10 @@ impl CallError {
             CallError::Trap { .. } => "trap",
             CallError::InvalidOutput { .. } => "invalid_output",
             CallError::Internal { .. } => "internal",
+            CallError::Denied { .. } => "denied",
+            CallError::ApprovalRequired { .. } => "approval_required",
+            CallError::Rejected { .. } => "rejected",
+            CallError::RateLimited { .. } => "rate_limited",
         }
     }
 }
@@ -127,11 +147,28 @@ pub struct CallOutcome {
     pub cache_hit: bool,
     pub log: CallLog,
     pub duration: Duration,
-    /// Fuel the guest burned (Wasm tools only).
+    /// Fuel the guest burned (Wasm tools only), over every attempt.
     pub fuel_used: Option<u64>,
+    /// Times the call was run again after a timeout (`retry_count_on_stall`).
+    pub retries: u32,
 }
 
 impl CallOutcome {
+    /// An outcome not yet decided: `not_found` until a step says otherwise.
+    pub fn new(call_id: String, tool: String) -> Self {
+        CallOutcome {
+            result: Err(CallError::NotFound { name: tool.clone() }),
+            call_id,
+            tool,
+            clipped: None,
+            cache_hit: false,
+            log: CallLog::default(),
+            duration: Duration::default(),
+            fuel_used: None,
+            retries: 0,
+        }
+    }
+
     /// `"ok"` or the error's [`CallError::code`].
     pub fn code(&self) -> &'static str {
         self.result.as_ref().map_or_else(CallError::code, |_| "ok")

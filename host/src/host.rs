@@ -4,20 +4,25 @@
 //! execute (fresh instance, or the native handler) under the tool's limits -> check and clip
 //! the result -> cache it.
 
+use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::cache::{self, KeyPath};
 use crate::call::{CallContext, CallError, CallOutcome, Caller, ToolError};
 use crate::clip::clip;
 use crate::helpers::Helpers;
+use crate::hooks::{CallHook, HookCall};
 use crate::loaded::Loaded;
+use crate::metrics::{ComponentSource, Metrics};
+use crate::policy::{Admission, Decision, PolicyError, TenantPolicy};
 use crate::registry::{Catalog, NativeRegistry, NativeTool, WasmTool, is_valid_tenant};
 use crate::sandbox::{
     Fault, GuestToolDef, GuestToolError, LoadError, Prepared, Sandbox, SandboxConfig,
@@ -43,6 +48,8 @@ pub struct HostConfig {
     pub max_loaded_components: usize,
     /// The store's page cache, in bytes.
     pub store_cache_bytes: u64,
+    /// The policy of every tenant that has none of its own (`Host::set_policy`).
+    pub default_policy: TenantPolicy,
 }
 
 impl Default for HostConfig {
@@ -52,6 +59,7 @@ impl Default for HostConfig {
             sandbox: SandboxConfig::default(),
             max_loaded_components: 256,
             store_cache_bytes: 64 << 20,
+            default_policy: TenantPolicy::default(),
         }
     }
 }
@@ -110,6 +118,8 @@ pub enum ManageError {
     ConfigValue(usize),
     #[error(transparent)]
     Spec(#[from] SpecError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -185,6 +195,13 @@ pub struct Host {
     changes: tokio::sync::broadcast::Sender<String>,
     /// Bumped on every catalog change, so caches of listings know to rebuild.
     generation: AtomicU64,
+    /// Tenants' policies as last read or set; `default_policy` for tenants without one.
+    policies: Mutex<HashMap<String, Arc<TenantPolicy>>>,
+    default_policy: Arc<TenantPolicy>,
+    admission: Admission,
+    hooks: RwLock<Vec<Arc<dyn CallHook>>>,
+    approvals: Approvals,
+    metrics: Metrics,
 }
 
 impl Host {
@@ -224,6 +241,12 @@ impl Host {
             entry_writes: Mutex::new(()),
             changes: tokio::sync::broadcast::channel(256).0,
             generation: AtomicU64::new(0),
+            policies: Mutex::default(),
+            default_policy: Arc::new(config.default_policy),
+            admission: Admission::default(),
+            hooks: RwLock::default(),
+            approvals: Approvals::default(),
+            metrics: Metrics::default(),
         })
     }
 
@@ -553,10 +576,97 @@ impl Host {
 
     /// Calls `name` for `caller` with JSON `args`. Never panics: every failure is an outcome.
     pub async fn call(&self, caller: &Caller, name: &str, args: Value) -> CallOutcome {
+        self.call_as(caller, name, args, None).await
+    }
+
+    /// Runs a call that waits for approval (see [`CallError::ApprovalRequired`]) and returns
+    /// its outcome. It passes every other step again: policy, limits, hooks.
+    pub async fn approve(&self, tenant: &str, call_id: &str) -> Result<CallOutcome, ApprovalError> {
+        let pending = self.approvals.take(tenant, call_id)?;
+        Ok(self
+            .call_as(&pending.caller, &pending.tool, pending.args, Some(call_id))
+            .await)
+    }
+
+    /// Drops a call that waits for approval; its outcome is `rejected` with `reason`.
+    pub fn reject(
+        &self,
+        tenant: &str,
+        call_id: &str,
+        reason: &str,
+    ) -> Result<CallOutcome, ApprovalError> {
+        let pending = self.approvals.take(tenant, call_id)?;
+        let mut outcome = CallOutcome::new(call_id.to_owned(), pending.tool);
+        outcome.result = Err(CallError::Rejected {
+            reason: truncate(reason, MAX_ERROR_CHARS),
+        });
+        self.record(tenant, None, &outcome);
+        Ok(outcome)
+    }
+
+    /// The tenant's calls waiting for approval, longest waiting first.
+    pub fn pending_approvals(&self, tenant: &str) -> Vec<PendingCall> {
+        self.approvals.list(tenant)
+    }
+
+    /// Registers a hook that runs around every call of every tenant, in registration order.
+    pub fn add_hook(&self, hook: Arc<dyn CallHook>) {
+        self.hooks
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(hook);
+    }
+
+    /// The tenant's policy, or the host's default if it has none of its own.
+    pub fn policy(&self, tenant: &str) -> Arc<TenantPolicy> {
+        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(policy) = policies.get(tenant) {
+            return policy.clone();
+        }
+        let policy = match self.store.policy(tenant) {
+            Ok(Some(policy)) => Arc::new(policy),
+            Ok(None) => self.default_policy.clone(),
+            Err(error) => {
+                // Fail closed: a tenant whose policy cannot be read can call nothing.
+                tracing::error!(tenant, %error, "policy unreadable; denying every call");
+                Arc::new(TenantPolicy {
+                    deny: vec!["*".into()],
+                    ..TenantPolicy::default()
+                })
+            }
+        };
+        policies.insert(tenant.to_owned(), policy.clone());
+        policy
+    }
+
+    /// Stores the tenant's policy; it applies to the next call.
+    pub fn set_policy(&self, tenant: &str, policy: TenantPolicy) -> Result<(), ManageError> {
+        if !is_valid_tenant(tenant) {
+            return Err(ManageError::Tenant(tenant.to_owned()));
+        }
+        policy.validate()?;
+        self.store.put_policy(tenant, &policy)?;
+        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        policies.insert(tenant.to_owned(), Arc::new(policy));
+        Ok(())
+    }
+
+    /// Counters for an operator (`/metrics`).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    async fn call_as(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        approved: Option<&str>,
+    ) -> CallOutcome {
         let started = Instant::now();
         let ctx = CallContext {
             tenant: caller.tenant.clone(),
-            call_id: self.call_ids.next(),
+            call_id: approved.map_or_else(|| self.call_ids.next(), str::to_owned),
             tool: name.to_owned(),
             data: caller.data.clone(),
         };
@@ -566,38 +676,118 @@ impl Host {
         };
         let config_keys = resolved.as_ref().map_or(&[][..], |r| &r.spec().config[..]);
         let helpers = Helpers::for_call(self.store.clone(), &ctx.tenant, name, config_keys);
-        let mut outcome = CallOutcome {
-            call_id: ctx.call_id.clone(),
-            tool: ctx.tool.clone(),
-            result: Err(CallError::NotFound {
-                name: name.to_owned(),
-            }),
-            clipped: None,
-            cache_hit: false,
-            log: Default::default(),
-            duration: Default::default(),
-            fuel_used: None,
-        };
+        let mut outcome = CallOutcome::new(ctx.call_id.clone(), ctx.tool.clone());
         if let Some(tool) = &resolved {
-            self.run(tool, args, &helpers, &ctx, &mut outcome).await;
+            self.admit_and_run(tool, args, &helpers, &ctx, approved.is_some(), &mut outcome)
+                .await;
         }
         outcome.log = helpers.snapshot();
         outcome.duration = started.elapsed();
+        self.record(
+            &ctx.tenant,
+            resolved.as_ref().map(Resolved::version),
+            &outcome,
+        );
+        outcome
+    }
+
+    /// One structured event and the metrics, for every outcome.
+    fn record(&self, tenant: &str, version: Option<u32>, outcome: &CallOutcome) {
+        self.metrics
+            .record_call(outcome.code(), outcome.duration, outcome.retries);
         tracing::info!(
-            tenant = ctx.tenant,
+            tenant,
             tool = outcome.tool,
-            version = resolved.as_ref().map(Resolved::version),
+            version,
             call_id = outcome.call_id,
             outcome = outcome.code(),
             ms = outcome.duration.as_secs_f64() * 1e3,
             fuel = outcome.fuel_used,
             cache_hit = outcome.cache_hit,
+            retries = outcome.retries,
             clipped = outcome.clipped.is_some(),
             "call"
         );
-        outcome
     }
 
+    /// The preflight steps, in order: policy, rate and concurrency, arguments, hooks,
+    /// approval; then the call itself, and the hooks that see its outcome.
+    async fn admit_and_run(
+        &self,
+        tool: &Resolved,
+        args: Value,
+        helpers: &Helpers,
+        ctx: &CallContext,
+        approved: bool,
+        outcome: &mut CallOutcome,
+    ) {
+        let spec = tool.spec();
+        let policy = self.policy(&ctx.tenant);
+        let needs_approval = match policy.decide(&spec.name, spec.needs_approval) {
+            Decision::Denied(reason) => {
+                outcome.result = Err(CallError::Denied { reason });
+                return;
+            }
+            Decision::NeedsApproval => !approved,
+            Decision::Run => false,
+        };
+        let _permit = match self.admission.admit(&ctx.tenant, &policy) {
+            Ok(permit) => permit,
+            Err(refused) => {
+                outcome.result = Err(CallError::RateLimited {
+                    limit: refused.limit,
+                    message: refused.message,
+                    retry_after_ms: refused.retry_after_ms,
+                });
+                return;
+            }
+        };
+        if let Err(errors) = tool.validator().validate(&args) {
+            outcome.result = Err(CallError::InvalidArgs { errors });
+            return;
+        }
+        let hooks = self.hooks.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let hook_call = HookCall {
+            tenant: &ctx.tenant,
+            tool: &spec.name,
+            version: tool.version(),
+            call_id: &ctx.call_id,
+            args: &args,
+            data: &ctx.data,
+        };
+        let refusal = hooks.iter().find_map(|hook| hook.before(&hook_call).err());
+        if let Some(reason) = refusal {
+            outcome.result = Err(CallError::Denied {
+                reason: truncate(&reason, MAX_ERROR_CHARS),
+            });
+        } else if needs_approval {
+            let caller = Caller {
+                tenant: ctx.tenant.clone(),
+                data: ctx.data.clone(),
+            };
+            outcome.result =
+                match self
+                    .approvals
+                    .hold(&ctx.call_id, &caller, &spec.name, args.clone())
+                {
+                    Ok(()) => Err(CallError::ApprovalRequired {
+                        call_id: ctx.call_id.clone(),
+                    }),
+                    Err(error) => Err(CallError::RateLimited {
+                        limit: "pending approvals",
+                        message: error.to_string(),
+                        retry_after_ms: None,
+                    }),
+                };
+        } else {
+            self.run(tool, args.clone(), helpers, ctx, outcome).await;
+        }
+        for hook in &hooks {
+            hook.after(&hook_call, outcome);
+        }
+    }
+
+    /// Cache, execute (again after a timeout, for an idempotent tool), clip, cache.
     async fn run(
         &self,
         tool: &Resolved,
@@ -606,10 +796,6 @@ impl Host {
         ctx: &CallContext,
         outcome: &mut CallOutcome,
     ) {
-        if let Err(errors) = tool.validator().validate(&args) {
-            outcome.result = Err(CallError::InvalidArgs { errors });
-            return;
-        }
         let spec = tool.spec();
         let cache_key = spec
             .cache
@@ -626,16 +812,30 @@ impl Host {
                 Err(error) => tracing::warn!(%error, "result cache unreadable; running the tool"),
             }
         }
-        let result = match tool {
-            Resolved::Native(native) => {
-                run_native(native, args, helpers.clone(), ctx.clone()).await
-            }
-            Resolved::Wasm(wasm) => {
-                let (result, fuel) = self.run_wasm(wasm, args, helpers, ctx).await;
-                outcome.fuel_used = fuel;
-                result
-            }
+        let retries = if spec.idempotent {
+            spec.retry_count_on_stall
+        } else {
+            0
         };
+        let mut result = Err(CallError::Timeout { limit_ms: 0 });
+        for attempt in 0..=retries {
+            outcome.retries = attempt;
+            result = match tool {
+                Resolved::Native(native) => {
+                    run_native(native, args.clone(), helpers.clone(), ctx.clone()).await
+                }
+                Resolved::Wasm(wasm) => {
+                    let (result, fuel) = self.run_wasm(wasm, args.clone(), helpers, ctx).await;
+                    if let Some(fuel) = fuel {
+                        *outcome.fuel_used.get_or_insert(0) += fuel;
+                    }
+                    result
+                }
+            };
+            if !matches!(result, Err(CallError::Timeout { .. })) {
+                break;
+            }
+        }
         outcome.result = match result {
             Ok(value) => {
                 let (value, clipped) = clip(value, spec.limits.max_result_chars as usize);
@@ -663,6 +863,7 @@ impl Host {
             Err(message) => return (Err(CallError::Internal { message }), None),
         };
         let limits = &tool.spec().limits;
+        let _live = self.metrics.instance();
         let run = self
             .sandbox
             .call(&prepared, limits, helpers.clone(), &args.to_string(), ctx)
@@ -686,6 +887,7 @@ impl Host {
     /// from the stored blob (and the artifact stored for next time).
     async fn prepared(&self, sha: &str) -> Result<Prepared, String> {
         if let Some(prepared) = self.loaded.get(sha) {
+            self.metrics.component_loaded(ComponentSource::Memory);
             return Ok(prepared);
         }
         let fingerprint = self.sandbox.fingerprint().to_owned();
@@ -694,8 +896,12 @@ impl Host {
             .artifact(sha, &fingerprint)
             .map_err(|e| e.to_string())?
         {
-            Some(artifact) => artifact,
+            Some(artifact) => {
+                self.metrics.component_loaded(ComponentSource::Artifact);
+                artifact
+            }
             None => {
+                self.metrics.component_loaded(ComponentSource::Compiled);
                 let blob = self
                     .store
                     .blob(sha)
@@ -835,6 +1041,9 @@ fn spec_from_guest(def: GuestToolDef) -> Result<ToolSpec, SpecError> {
             key_path: c.key_path,
         }),
         config: def.config,
+        needs_approval: def.needs_approval,
+        idempotent: def.idempotent,
+        retry_count_on_stall: def.retry_count_on_stall,
     })
 }
 

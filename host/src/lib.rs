@@ -13,15 +13,19 @@
 //! # Ok(()) }
 //! ```
 
+pub mod approval;
 pub mod cache;
 pub mod call;
 pub mod clip;
 pub mod disclosure;
 pub mod export;
 pub mod helpers;
+pub mod hooks;
 mod host;
 mod loaded;
 pub mod mcp;
+pub mod metrics;
+pub mod policy;
 pub mod registry;
 pub mod sandbox;
 pub mod schema;
@@ -29,9 +33,12 @@ pub mod server;
 pub mod spec;
 pub mod store;
 
+pub use approval::{ApprovalError, PendingCall};
 pub use call::{CallContext, CallError, CallLog, CallOutcome, Caller, Level, ToolError};
 pub use helpers::{HelperError, Helpers};
+pub use hooks::{CallHook, HookCall};
 pub use host::{Host, HostConfig, InstallError, ManageError, NewKey, OpenError, Source, ToolInfo};
+pub use policy::TenantPolicy;
 pub use sandbox::SandboxConfig;
 pub use spec::{CachePolicy, Limits, SpecError, ToolSpec};
 pub use store::{KeyRecord, SledStore, Store, StoreError, ToolEntry, ToolVersion};

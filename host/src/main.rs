@@ -92,6 +92,18 @@ enum Command {
     /// The tenant's configuration, which tools read with `config-get`.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// The tenant's policy: allow, deny and approval lists, rate and concurrency limits.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Print the policy in force as JSON.
+    Show,
+    /// Replace the policy with JSON from FILE (`-` for stdin), for example
+    /// `{"deny": ["admin_*"], "calls_per_minute": 600, "max_concurrent": 8}`.
+    Set { file: PathBuf },
 }
 
 /// What MCP clients are shown.
@@ -365,6 +377,24 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             host.set_config(&tenant, &key, &value, secret)
                 .map_err(usage)?;
             println!("set {key}{}", if secret { " (secret)" } else { "" });
+        }
+        Command::Policy(PolicyCommand::Show) => {
+            println!("{}", pretty(&*host.policy(&tenant)));
+        }
+        Command::Policy(PolicyCommand::Set { file }) => {
+            let text = if file.as_os_str() == "-" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                    .map_err(|e| usage(format!("reading the policy from stdin: {e}")))?;
+                text
+            } else {
+                std::fs::read_to_string(&file)
+                    .map_err(|e| usage(format!("reading {}: {e}", file.display())))?
+            };
+            let policy: toolhost::TenantPolicy = serde_json::from_str(&text)
+                .map_err(|e| usage(format!("the policy is not valid: {e}")))?;
+            host.set_policy(&tenant, policy).map_err(usage)?;
+            println!("policy set for {tenant}");
         }
         Command::Config(ConfigCommand::List) => {
             for (key, value) in host.config(&tenant).map_err(usage)? {

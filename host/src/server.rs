@@ -24,7 +24,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-use crate::call::{CallError, Caller};
+use crate::call::{CallError, CallOutcome, Caller};
 use crate::disclosure::{Disclosure, DisclosureConfig};
 use crate::export::Format;
 use crate::host::{Host, InstallError, ManageError};
@@ -96,6 +96,11 @@ fn router_with_shutdown(
         .route("/v1/tools/{name}/rollback", post(rollback))
         .route("/v1/tools/{name}/call", post(call))
         .route("/v1/export", get(export))
+        .route("/v1/policy", get(policy))
+        .route("/v1/approvals", get(approvals))
+        .route("/v1/approvals/{call_id}/approve", post(approve))
+        .route("/v1/approvals/{call_id}/reject", post(reject))
+        .route("/metrics", get(metrics))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -407,22 +412,100 @@ async fn call(
     let request: CallRequest = json_body(body)?;
     let caller = Caller::tenant(tenant).with_data(request.data);
     let outcome = app.host.call(&caller, &name, request.arguments).await;
+    if let Err(CallError::NotFound { .. }) = outcome.result {
+        return Err(ApiError::not_found(&name));
+    }
+    Ok(Json(outcome_body(outcome)))
+}
+
+fn outcome_body(outcome: CallOutcome) -> Value {
     let mut body = json!({
         "call_id": outcome.call_id,
         "tool": outcome.tool,
         "ok": outcome.result.is_ok(),
         "clipped": outcome.clipped,
         "cache_hit": outcome.cache_hit,
+        "retries": outcome.retries,
         "duration_ms": outcome.duration.as_secs_f64() * 1e3,
         "fuel_used": outcome.fuel_used,
         "log": outcome.log,
     });
     match outcome.result {
         Ok(value) => body["result"] = value,
-        Err(CallError::NotFound { .. }) => return Err(ApiError::not_found(&name)),
-        Err(error) => body["error"] = json!({"code": error.code(), "message": error.to_string()}),
+        Err(error) => {
+            let mut detail = json!({"code": error.code(), "message": error.to_string()});
+            if let CallError::RateLimited {
+                retry_after_ms: Some(ms),
+                ..
+            } = error
+            {
+                detail["retry_after_ms"] = json!(ms);
+            }
+            body["error"] = detail;
+        }
     }
-    Ok(Json(body))
+    body
+}
+
+async fn policy(State(app): State<App>, Tenant(tenant): Tenant) -> Json<Value> {
+    Json(json!(*app.host.policy(&tenant)))
+}
+
+async fn approvals(State(app): State<App>, Tenant(tenant): Tenant) -> Json<Value> {
+    Json(json!({"pending": app.host.pending_approvals(&tenant)}))
+}
+
+/// Runs the waiting call and answers with its outcome, as `/call` would have.
+async fn approve(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Path(call_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let outcome = app
+        .host
+        .approve(&tenant, &call_id)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, "not_pending", e.to_string()))?;
+    Ok(Json(outcome_body(outcome)))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RejectRequest {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn reject(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Path(call_id): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let request: RejectRequest = match &body {
+        Ok(bytes) if bytes.is_empty() => RejectRequest::default(),
+        _ => json_body(body)?,
+    };
+    let reason = request
+        .reason
+        .as_deref()
+        .unwrap_or("rejected by the operator");
+    let outcome = app
+        .host
+        .reject(&tenant, &call_id, reason)
+        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, "not_pending", e.to_string()))?;
+    Ok(Json(outcome_body(outcome)))
+}
+
+/// Prometheus metrics. No key: the page names no tenant and no tool.
+async fn metrics(State(app): State<App>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.host.metrics().render(),
+    )
 }
 
 #[derive(Deserialize)]

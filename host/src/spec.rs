@@ -38,7 +38,26 @@ pub struct ToolSpec {
     /// Keys of the tenant's configuration this tool may read with `config-get`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub config: Vec<String>,
+    /// Every call waits for the embedding app to approve it (see `Host::approve`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub needs_approval: bool,
+    /// Running a call twice has the same effect as once, so a timed-out call may be retried.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub idempotent: bool,
+    /// Retries of a call that timed out: 0 to 5, only for an idempotent tool.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retry_count_on_stall: u32,
 }
+
+fn is_false(value: &bool) -> bool {
+    !value
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+pub const MAX_RETRY_COUNT_ON_STALL: u32 = 5;
 
 /// A call whose arguments hold the same value at `key_path` as an earlier call within `ttl_ms`
 /// gets that call's result without running the tool.
@@ -188,6 +207,9 @@ impl ToolSpec {
             limits: Limits::default(),
             cache: None,
             config: Vec::new(),
+            needs_approval: false,
+            idempotent: false,
+            retry_count_on_stall: 0,
         }
     }
 
@@ -243,6 +265,20 @@ impl ToolSpec {
                 bad.chars().take(129).collect::<String>()
             );
             return Err(SpecError::new(name, "config", rule));
+        }
+        if self.retry_count_on_stall > MAX_RETRY_COUNT_ON_STALL {
+            let rule = format!(
+                "must be 0 to {MAX_RETRY_COUNT_ON_STALL}, got {}",
+                self.retry_count_on_stall
+            );
+            return Err(SpecError::new(name, "retry_count_on_stall", rule));
+        }
+        if self.retry_count_on_stall > 0 && !self.idempotent {
+            return Err(SpecError::new(
+                name,
+                "retry_count_on_stall",
+                "only an idempotent tool may be retried (set idempotent)",
+            ));
         }
         let validator = schema::compile(&self.parameters, self.strict)
             .map_err(|rule| SpecError::new(name, "parameters", rule))?;
@@ -362,6 +398,17 @@ mod tests {
                 .starts_with("strict: strict mode does not support `not`"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn stall_retries_are_capped_and_need_idempotence() {
+        let mut s = spec();
+        s.retry_count_on_stall = 2;
+        assert_eq!(field_of(&s), "retry_count_on_stall");
+        s.idempotent = true;
+        assert!(s.validate().is_ok());
+        s.retry_count_on_stall = MAX_RETRY_COUNT_ON_STALL + 1;
+        assert_eq!(field_of(&s), "retry_count_on_stall");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! | `cache`     | sha256 of (tenant, tool, version, key) | expiry (u64 BE ms), then result JSON |
 //! | `kv`        | `tenant \0 tool \0 key`        | the value bytes                           |
 //! | `config`    | `tenant \0 key`                | [`ConfigValue`] JSON                      |
+//! | `policies`  | `tenant`                       | [`TenantPolicy`] JSON                     |
 //!
 //! Blobs and artifacts are content-addressed and written before the entries that point at
 //! them, so a crash between the two leaves at worst an unreferenced blob, never an entry that
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::policy::TenantPolicy;
 use crate::sandbox::hex;
 use crate::spec::ToolSpec;
 
@@ -158,6 +160,9 @@ pub trait Store: Send + Sync {
     fn config_keys(&self, tenant: &str) -> Result<Vec<String>>;
 
     /// Records a tenant; false if it existed.
+    fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>>;
+    fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()>;
+
     fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool>;
     fn tenants(&self) -> Result<Vec<String>>;
     fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()>;
@@ -187,6 +192,7 @@ pub struct SledStore {
     config: sled::Tree,
     tenants: sled::Tree,
     keys: sled::Tree,
+    policies: sled::Tree,
 }
 
 impl SledStore {
@@ -232,6 +238,7 @@ impl SledStore {
             config: db.open_tree("config")?,
             tenants: db.open_tree("tenants")?,
             keys: db.open_tree("keys")?,
+            policies: db.open_tree("policies")?,
             db,
         })
     }
@@ -414,6 +421,21 @@ impl Store for SledStore {
                 Ok(String::from_utf8_lossy(&key[prefix.len()..]).into_owned())
             })
             .collect()
+    }
+
+    fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>> {
+        match self.policies.get(tenant)? {
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt(tenant.as_bytes(), e)),
+            None => Ok(None),
+        }
+    }
+
+    fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()> {
+        let json = serde_json::to_vec(policy).expect("a policy serializes");
+        self.policies.insert(tenant, json)?;
+        self.flush()
     }
 
     fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {

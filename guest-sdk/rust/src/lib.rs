@@ -131,6 +131,9 @@ impl Tool {
             },
             cache: None,
             config: Vec::new(),
+            needs_approval: false,
+            idempotent: false,
+            retry_count_on_stall: 0,
         };
         Tool {
             def,
@@ -194,6 +197,20 @@ impl Tool {
     /// The tenant configuration keys this tool reads with [`config::get`].
     pub fn config(mut self, keys: &[&str]) -> Self {
         self.def.config = keys.iter().map(|k| k.to_string()).collect();
+        self
+    }
+
+    /// Every call waits until the embedding app approves it.
+    pub fn needs_approval(mut self) -> Self {
+        self.def.needs_approval = true;
+        self
+    }
+
+    /// Running a call twice has the same effect as once; with `retries > 0`, a call that
+    /// timed out is run again up to `retries` times (at most 5).
+    pub fn idempotent(mut self, retries_on_stall: u32) -> Self {
+        self.def.idempotent = true;
+        self.def.retry_count_on_stall = retries_on_stall;
         self
     }
 }
