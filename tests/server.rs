@@ -410,6 +410,64 @@ async fn every_documented_route_exists() {
 }
 
 #[tokio::test]
+async fn an_http_tool_installs_from_json() {
+    let api = api();
+    let def = |url: &str| {
+        json!({
+            "spec": {"name": "status", "description": "Service status.",
+                     "parameters": {"type": "object"}},
+            "request": {"method": "get", "url": url}
+        })
+    };
+    let (status, body) = post_json(&api, "/v1/tools", &api.acme, def("gopher://x/")).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec")
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("request.url")
+    );
+    let (status, body) = post_json(&api, "/v1/tools", &api.acme, json!({"spec": {}})).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::BAD_REQUEST, "invalid_json")
+    );
+
+    let (status, body) = post_json(
+        &api,
+        "/v1/tools",
+        &api.acme,
+        def("http://127.0.0.1:9/status"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["installed"][0]["name"], "status");
+    // No grant for loopback in this host: the call is refused before anything is sent.
+    let (status, body) = post_json(
+        &api,
+        "/v1/tools/status/call",
+        &api.acme,
+        json!({"arguments": {}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(error_code(&body), "tool_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("egress.allow_private")
+    );
+    assert_eq!(
+        get(&api, "/v1/tools/status", &api.globex).await.0,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
 async fn approvals_policy_and_metrics_over_http() {
     let api = api();
     let mut guarded = ToolSpec::new("wire_money", "Moves money.", json!({"type": "object"}));

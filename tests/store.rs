@@ -39,7 +39,7 @@ fn version_of(host: &Host, tenant: &str, tool: &str) -> (u32, String) {
         Source::Wasm {
             version, component, ..
         } => (version, component),
-        Source::Native => panic!("not a Wasm tool"),
+        other => panic!("not a Wasm tool: {other:?}"),
     }
 }
 

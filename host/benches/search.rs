@@ -1,7 +1,8 @@
 //! Tool search quality and speed: `cargo bench -p toolhost --bench search`.
 //!
 //! Quality: the labelled set in `benches/data/search-eval.json` (500 tools over 50 domains, 50
-//! queries with their expected tool; regenerate with `scripts/gen-search-eval.py`), ranked by
+//! queries with their expected tool and 50 more held out from tuning; regenerate with
+//! `scripts/gen-search-eval.py`), ranked by
 //! the BM25 index and, as the peer, by plain keyword overlap with the same tokenizer.
 //! Speed: p50/p99 of one search over 10 000 tools (the set 20 times), against rebuilding the
 //! index for every query.

@@ -18,18 +18,22 @@ use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::cache::{self, KeyPath};
 use crate::call::{CallContext, CallError, CallOutcome, Caller, ToolError};
 use crate::clip::clip;
+use crate::egress::EgressConfig;
 use crate::helpers::Helpers;
 use crate::hooks::{CallHook, HookCall};
+use crate::http_tool::{HttpRequestDef, HttpToolDef};
 use crate::loaded::Loaded;
 use crate::metrics::{ComponentSource, Metrics};
 use crate::policy::{Admission, Decision, PolicyError, TenantPolicy};
-use crate::registry::{Catalog, NativeRegistry, NativeTool, WasmTool, is_valid_tenant};
+use crate::registry::{Catalog, NativeRegistry, NativeTool, TenantTool, is_valid_tenant};
 use crate::sandbox::{
     Fault, GuestToolDef, GuestToolError, LoadError, Prepared, Sandbox, SandboxConfig,
 };
 use crate::schema::ArgsValidator;
 use crate::spec::{CachePolicy, Limits, SpecError, ToolSpec, is_valid_config_key};
-use crate::store::{ConfigValue, KeyRecord, SledStore, Store, StoreError, ToolEntry, sha256_hex};
+use crate::store::{
+    ConfigValue, KeyRecord, SledStore, SourceKind, Store, StoreError, ToolEntry, sha256_hex,
+};
 
 /// A component may offer at most this many tools.
 pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
@@ -50,6 +54,8 @@ pub struct HostConfig {
     pub store_cache_bytes: u64,
     /// The policy of every tenant that has none of its own (`Host::set_policy`).
     pub default_policy: TenantPolicy,
+    /// Where outbound requests may go.
+    pub egress: EgressConfig,
 }
 
 impl Default for HostConfig {
@@ -60,6 +66,7 @@ impl Default for HostConfig {
             max_loaded_components: 256,
             store_cache_bytes: 64 << 20,
             default_policy: TenantPolicy::default(),
+            egress: EgressConfig::default(),
         }
     }
 }
@@ -142,6 +149,12 @@ pub enum Source {
         version: u32,
         installed_at_ms: u64,
     },
+    /// A declarative HTTP request; `definition` is its sha256.
+    Http {
+        definition: String,
+        version: u32,
+        installed_at_ms: u64,
+    },
 }
 
 /// A tool as listed: its spec and where it comes from.
@@ -154,21 +167,21 @@ pub struct ToolInfo {
 /// A tool resolved for one call.
 enum Resolved {
     Native(Arc<NativeTool>),
-    Wasm(Arc<WasmTool>),
+    Tenant(Arc<TenantTool>),
 }
 
 impl Resolved {
     fn spec(&self) -> &ToolSpec {
         match self {
             Resolved::Native(tool) => &tool.spec,
-            Resolved::Wasm(tool) => tool.spec(),
+            Resolved::Tenant(tool) => tool.spec(),
         }
     }
 
     fn validator(&self) -> &ArgsValidator {
         match self {
             Resolved::Native(tool) => &tool.validator,
-            Resolved::Wasm(tool) => &tool.validator,
+            Resolved::Tenant(tool) => &tool.validator,
         }
     }
 
@@ -176,7 +189,7 @@ impl Resolved {
     fn version(&self) -> u32 {
         match self {
             Resolved::Native(_) => 0,
-            Resolved::Wasm(tool) => tool.version.version,
+            Resolved::Tenant(tool) => tool.version.version,
         }
     }
 }
@@ -202,6 +215,9 @@ pub struct Host {
     hooks: RwLock<Vec<Arc<dyn CallHook>>>,
     approvals: Approvals,
     metrics: Metrics,
+    egress: EgressConfig,
+    /// Parsed HTTP request definitions by blob sha256; small, and shared by versions.
+    http_requests: Mutex<HashMap<String, Arc<HttpRequestDef>>>,
 }
 
 impl Host {
@@ -221,7 +237,7 @@ impl Host {
             Sandbox::new(config.sandbox).map_err(|e| OpenError::Engine(format!("{e:#}")))?;
         let catalog = Catalog::default();
         for entry in store.tool_entries()? {
-            match wasm_tool(&entry) {
+            match tenant_tool(&entry) {
                 Ok(tool) => catalog.insert(tool),
                 // Rules can tighten between versions: skip, loudly, rather than refuse to start.
                 Err(error) => {
@@ -247,6 +263,8 @@ impl Host {
             hooks: RwLock::default(),
             approvals: Approvals::default(),
             metrics: Metrics::default(),
+            egress: config.egress,
+            http_requests: Mutex::default(),
         })
     }
 
@@ -297,12 +315,46 @@ impl Host {
             .result
             .map_err(InstallError::ListTools)?;
         let specs = self.check_defs(tenant, defs)?;
-
-        let installed_at_ms = now_ms();
         let _writing = self.lock_entries();
+        // A stored artifact means its blob was stored with it: the same bytes need no rewrite.
+        if !already_stored {
+            self.store
+                .put_component(&sha, &component, &fingerprint, &artifact)?;
+        }
+        self.loaded.insert(&sha, prepared);
+        self.add_versions(tenant, SourceKind::Wasm, &specs, &sha)?;
+        Ok(specs)
+    }
+
+    /// Installs a tool with no code that makes one HTTP request (see [`HttpToolDef`]). Like
+    /// a component's tool, a name that exists gets a new version.
+    pub fn install_http(&self, tenant: &str, def: HttpToolDef) -> Result<ToolSpec, InstallError> {
+        if !is_valid_tenant(tenant) {
+            return Err(InstallError::Tenant(tenant.chars().take(128).collect()));
+        }
+        let spec = def.validate()?;
+        self.check_name(tenant, &spec, &[])?;
+        let request = serde_json::to_vec(&def.request).expect("a request definition serializes");
+        let sha = sha256_hex(&request);
+        let _writing = self.lock_entries();
+        self.store.put_blob(&sha, &request)?;
+        self.add_versions(tenant, SourceKind::Http, std::slice::from_ref(&spec), &sha)?;
+        Ok(spec)
+    }
+
+    /// Adds a version implemented by blob `sha` to each tool of `specs`, written together.
+    /// The caller holds the entry lock and has stored the blob.
+    fn add_versions(
+        &self,
+        tenant: &str,
+        kind: SourceKind,
+        specs: &[ToolSpec],
+        sha: &str,
+    ) -> Result<(), InstallError> {
+        let installed_at_ms = now_ms();
         let mut entries = self.store.tool_entries_of(tenant)?;
         let mut changed = Vec::with_capacity(specs.len());
-        for spec in &specs {
+        for spec in specs {
             let mut entry = match entries.iter().position(|e| e.name == spec.name) {
                 Some(at) => entries.swap_remove(at),
                 None => ToolEntry {
@@ -312,21 +364,15 @@ impl Host {
                     versions: Vec::new(),
                 },
             };
-            entry.push(spec.clone(), sha.clone(), installed_at_ms);
+            entry.push(kind, spec.clone(), sha.to_owned(), installed_at_ms);
             changed.push(entry);
         }
-        // A stored artifact means its blob was stored with it: the same bytes need no rewrite.
-        if !already_stored {
-            self.store
-                .put_component(&sha, &component, &fingerprint, &artifact)?;
-        }
         self.store.put_tool_entries(&changed)?;
-        self.loaded.insert(&sha, prepared);
         for entry in &changed {
-            self.catalog.insert(wasm_tool(entry)?);
+            self.catalog.insert(tenant_tool(entry)?);
         }
         self.changed(tenant);
-        Ok(specs)
+        Ok(())
     }
 
     fn check_defs(
@@ -345,34 +391,44 @@ impl Host {
         for def in defs {
             let spec = spec_from_guest(def)?;
             spec.validate()?;
-            let name = &spec.name;
-            if self.natives.get(name).is_some() {
-                return Err(InstallError::NativeName(spec.name));
-            }
-            let twin = self
-                .natives
-                .case_twin(name)
-                .or_else(|| self.catalog.case_twin(tenant, name));
-            let twin = twin.or_else(|| {
-                specs
+            self.check_name(tenant, &spec, &specs)?;
+            specs.push(spec);
+        }
+        Ok(specs)
+    }
+
+    /// A tenant's tool may not take a native's name, nor differ only in case from a native,
+    /// another of its tools, or one installed along with it (`siblings`).
+    fn check_name(
+        &self,
+        tenant: &str,
+        spec: &ToolSpec,
+        siblings: &[ToolSpec],
+    ) -> Result<(), InstallError> {
+        let name = &spec.name;
+        if self.natives.get(name).is_some() {
+            return Err(InstallError::NativeName(name.clone()));
+        }
+        let twin = self
+            .natives
+            .case_twin(name)
+            .or_else(|| self.catalog.case_twin(tenant, name))
+            .or_else(|| {
+                siblings
                     .iter()
                     .find(|s| s.name.eq_ignore_ascii_case(name))
                     .map(|s| s.name.clone())
             });
-            if let Some(existing) = twin {
-                if existing == *name {
-                    return Err(
-                        SpecError::new(name, "name", "appears twice in this component").into(),
-                    );
-                }
-                return Err(InstallError::CaseConflict {
-                    name: spec.name,
-                    existing,
-                });
+        match twin {
+            Some(existing) if existing == *name && siblings.iter().any(|s| s.name == *name) => {
+                Err(SpecError::new(name, "name", "appears twice in this component").into())
             }
-            specs.push(spec);
+            Some(existing) if existing != *name => Err(InstallError::CaseConflict {
+                name: name.clone(),
+                existing,
+            }),
+            _ => Ok(()),
         }
-        Ok(specs)
     }
 
     /// Tools an agent of `tenant` may see: natives, then the tenant's own. Private ones are left out.
@@ -382,7 +438,7 @@ impl Host {
             .catalog
             .tenant_tools(tenant)
             .into_iter()
-            .map(|t| wasm_info(&t));
+            .map(|t| tenant_info(&t));
         natives
             .chain(wasm)
             .filter(|info| !info.spec.private)
@@ -399,7 +455,7 @@ impl Host {
     pub fn describe(&self, tenant: &str, name: &str) -> Option<ToolInfo> {
         match self.natives.get(name) {
             Some(native) => Some(native_info(&native)),
-            None => self.catalog.get(tenant, name).map(|t| wasm_info(&t)),
+            None => self.catalog.get(tenant, name).map(|t| tenant_info(&t)),
         }
     }
 
@@ -436,7 +492,7 @@ impl Host {
             });
         }
         entry.current = target;
-        let tool = wasm_tool(&entry)?;
+        let tool = tenant_tool(&entry)?;
         self.store.put_tool_entries(std::slice::from_ref(&entry))?;
         self.catalog.insert(tool);
         self.changed(tenant);
@@ -672,7 +728,7 @@ impl Host {
         };
         let resolved = match self.natives.get(name) {
             Some(native) => Some(Resolved::Native(native)),
-            None => self.catalog.get(&caller.tenant, name).map(Resolved::Wasm),
+            None => self.catalog.get(&caller.tenant, name).map(Resolved::Tenant),
         };
         let config_keys = resolved.as_ref().map_or(&[][..], |r| &r.spec().config[..]);
         let helpers = Helpers::for_call(self.store.clone(), &ctx.tenant, name, config_keys);
@@ -824,7 +880,10 @@ impl Host {
                 Resolved::Native(native) => {
                     run_native(native, args.clone(), helpers.clone(), ctx.clone()).await
                 }
-                Resolved::Wasm(wasm) => {
+                Resolved::Tenant(tool) if tool.version.kind == SourceKind::Http => {
+                    self.run_http(tool, &args, helpers).await
+                }
+                Resolved::Tenant(wasm) => {
                     let (result, fuel) = self.run_wasm(wasm, args.clone(), helpers, ctx).await;
                     if let Some(fuel) = fuel {
                         *outcome.fuel_used.get_or_insert(0) += fuel;
@@ -851,9 +910,48 @@ impl Host {
         };
     }
 
+    async fn run_http(
+        &self,
+        tool: &TenantTool,
+        args: &Value,
+        helpers: &Helpers,
+    ) -> Result<Value, CallError> {
+        let request = self
+            .http_request(&tool.version.component)
+            .map_err(|message| CallError::Internal { message })?;
+        let limits = &tool.spec().limits;
+        let deadline = tokio::time::Instant::now() + limits.timeout();
+        let call = crate::http_tool::call(&request, args, helpers, &self.egress, deadline);
+        match tokio::time::timeout_at(deadline, call).await {
+            Ok(result) => result.map_err(CallError::Tool),
+            Err(_elapsed) => Err(CallError::Timeout {
+                limit_ms: limits.timeout_ms,
+            }),
+        }
+    }
+
+    /// A stored HTTP request definition, parsed once.
+    fn http_request(&self, sha: &str) -> Result<Arc<HttpRequestDef>, String> {
+        let mut requests = self.http_requests.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(request) = requests.get(sha) {
+            return Ok(request.clone());
+        }
+        let bytes = self
+            .store
+            .blob(sha)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("request definition {sha} is missing from the store"))?;
+        let request: Arc<HttpRequestDef> = Arc::new(
+            serde_json::from_slice(&bytes)
+                .map_err(|e| format!("request definition {sha} is unreadable: {e}"))?,
+        );
+        requests.insert(sha.to_owned(), request.clone());
+        Ok(request)
+    }
+
     async fn run_wasm(
         &self,
-        tool: &WasmTool,
+        tool: &TenantTool,
         args: Value,
         helpers: &Helpers,
         ctx: &CallContext,
@@ -925,10 +1023,10 @@ impl Host {
     }
 }
 
-fn wasm_tool(entry: &ToolEntry) -> Result<WasmTool, SpecError> {
+fn tenant_tool(entry: &ToolEntry) -> Result<TenantTool, SpecError> {
     let version = entry.current().clone();
     let validator = version.spec.validate()?;
-    Ok(WasmTool {
+    Ok(TenantTool {
         tenant: entry.tenant.clone(),
         version,
         validator,
@@ -1054,13 +1152,20 @@ fn native_info(tool: &NativeTool) -> ToolInfo {
     }
 }
 
-fn wasm_info(tool: &WasmTool) -> ToolInfo {
+fn tenant_info(tool: &TenantTool) -> ToolInfo {
     ToolInfo {
         spec: tool.spec().clone(),
-        source: Source::Wasm {
-            component: tool.version.component.clone(),
-            version: tool.version.version,
-            installed_at_ms: tool.version.installed_at_ms,
+        source: match tool.version.kind {
+            SourceKind::Wasm => Source::Wasm {
+                component: tool.version.component.clone(),
+                version: tool.version.version,
+                installed_at_ms: tool.version.installed_at_ms,
+            },
+            SourceKind::Http => Source::Http {
+                definition: tool.version.component.clone(),
+                version: tool.version.version,
+                installed_at_ms: tool.version.installed_at_ms,
+            },
         },
     }
 }

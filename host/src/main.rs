@@ -25,13 +25,22 @@ struct Cli {
         global = true
     )]
     tenant: String,
+    /// Non-public addresses (IP or CIDR, comma-separated) that HTTP tools may reach, such as
+    /// `127.0.0.1` for a service on this machine. Public addresses need no grant.
+    #[arg(
+        long,
+        env = "TOOLHOST_ALLOW_PRIVATE",
+        value_delimiter = ',',
+        global = true
+    )]
+    allow_private: Vec<toolhost::egress::Cidr>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install every tool a component (.wasm) offers.
+    /// Install every tool a component (.wasm) offers, or an HTTP tool (.json: {spec, request}).
     Install { file: PathBuf },
     /// List the tools an agent of the tenant sees.
     List {
@@ -206,6 +215,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         .map_err(|e| usage(format!("cannot create {}: {e}", data_dir.display())))?;
     let host = Host::open(HostConfig {
         data_dir: Some(data_dir),
+        egress: toolhost::egress::EgressConfig {
+            allow_private: cli.allow_private,
+        },
         ..HostConfig::default()
     })
     .map_err(usage)?;
@@ -214,7 +226,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Install { file } => {
             let bytes =
                 std::fs::read(&file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
-            let specs = host.install(&tenant, bytes).await.map_err(usage)?;
+            let specs = if bytes.trim_ascii_start().starts_with(b"{") {
+                let def = serde_json::from_slice(&bytes).map_err(|e| {
+                    usage(format!(
+                        "{}: not an HTTP tool definition: {e}",
+                        file.display()
+                    ))
+                })?;
+                vec![host.install_http(&tenant, def).map_err(usage)?]
+            } else {
+                host.install(&tenant, bytes).await.map_err(usage)?
+            };
             for spec in specs {
                 println!("installed {}", spec.name);
             }
@@ -229,6 +251,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 let kind = match tool.source {
                     Source::Native => "native",
                     Source::Wasm { .. } => "wasm",
+                    Source::Http { .. } => "http",
                 };
                 let summary = tool.spec.description.lines().next().unwrap_or_default();
                 println!("{:<24} {kind:<6} {summary}", tool.spec.name);

@@ -25,14 +25,15 @@ pub struct NativeTool {
     pub(crate) handler: Handler,
 }
 
-/// A tenant's tool at the version that answers calls, implemented by a stored component.
-pub struct WasmTool {
+/// A tenant's tool at the version that answers calls: a stored component, or a stored HTTP
+/// request definition.
+pub struct TenantTool {
     pub tenant: String,
     pub version: ToolVersion,
     pub(crate) validator: ArgsValidator,
 }
 
-impl WasmTool {
+impl TenantTool {
     pub fn spec(&self) -> &ToolSpec {
         &self.version.spec
     }
@@ -118,16 +119,16 @@ impl NativeRegistry {
 /// Every tenant's installed Wasm tools, by tenant then name.
 #[derive(Default)]
 pub(crate) struct Catalog {
-    tenants: RwLock<HashMap<String, BTreeMap<String, Arc<WasmTool>>>>,
+    tenants: RwLock<HashMap<String, BTreeMap<String, Arc<TenantTool>>>>,
 }
 
 impl Catalog {
-    pub fn get(&self, tenant: &str, name: &str) -> Option<Arc<WasmTool>> {
+    pub fn get(&self, tenant: &str, name: &str) -> Option<Arc<TenantTool>> {
         let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
         tenants.get(tenant)?.get(name).cloned()
     }
 
-    pub fn tenant_tools(&self, tenant: &str) -> Vec<Arc<WasmTool>> {
+    pub fn tenant_tools(&self, tenant: &str) -> Vec<Arc<TenantTool>> {
         let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
         tenants
             .get(tenant)
@@ -135,7 +136,7 @@ impl Catalog {
             .unwrap_or_default()
     }
 
-    pub fn insert(&self, tool: WasmTool) {
+    pub fn insert(&self, tool: TenantTool) {
         let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
         tenants
             .entry(tool.tenant.clone())

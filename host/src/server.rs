@@ -28,6 +28,7 @@ use crate::call::{CallError, CallOutcome, Caller};
 use crate::disclosure::{Disclosure, DisclosureConfig};
 use crate::export::Format;
 use crate::host::{Host, InstallError, ManageError};
+use crate::http_tool::HttpToolDef;
 use crate::mcp::{McpServer, McpTenant};
 use crate::sandbox::LoadError;
 
@@ -307,11 +308,19 @@ async fn install(
     Tenant(tenant): Tenant,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let multipart = request
+    let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("multipart/form-data"));
+        .unwrap_or_default()
+        .to_owned();
+    let multipart = content_type.starts_with("multipart/form-data");
+    if content_type.starts_with("application/json") {
+        let body = Bytes::from_request(request, &app).await;
+        let def: HttpToolDef = json_body(body)?;
+        let installed = app.host.install_http(&tenant, def)?;
+        return Ok((StatusCode::CREATED, Json(json!({"installed": [installed]}))).into_response());
+    }
     let too_large =
         |message: String| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message);
     let component = if multipart {

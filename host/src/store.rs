@@ -38,11 +38,12 @@ pub struct ToolEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolVersion {
     pub version: u32,
-    /// What implements it (JavaScript and HTTP tools will add kinds).
+    /// What implements it.
     #[serde(default)]
     pub kind: SourceKind,
     pub spec: ToolSpec,
-    /// sha256 (hex) of the component that implements it.
+    /// sha256 (hex) of the blob that implements it: the component, or the HTTP request
+    /// definition (JSON).
     pub component: String,
     pub installed_at_ms: u64,
 }
@@ -53,6 +54,8 @@ pub enum SourceKind {
     /// A WebAssembly component.
     #[default]
     Wasm,
+    /// A declarative HTTP request ([`crate::http_tool::HttpRequestDef`] JSON).
+    Http,
 }
 
 /// Older versions past this many are forgotten (their blobs stay, shared by content).
@@ -69,11 +72,17 @@ impl ToolEntry {
     }
 
     /// Adds `spec` as the next version and makes it current.
-    pub fn push(&mut self, spec: ToolSpec, component: String, installed_at_ms: u64) {
+    pub fn push(
+        &mut self,
+        kind: SourceKind,
+        spec: ToolSpec,
+        component: String,
+        installed_at_ms: u64,
+    ) {
         let version = self.versions.last().map_or(1, |v| v.version + 1);
         self.versions.push(ToolVersion {
             version,
-            kind: SourceKind::Wasm,
+            kind,
             spec,
             component,
             installed_at_ms,
@@ -131,6 +140,8 @@ pub trait Store: Send + Sync {
     fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool>;
 
     fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>>;
+    /// Stores `bytes` under `sha`, their sha256 (hex).
+    fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()>;
     /// Stores a component and its compiled artifact before any entry points at them.
     fn put_component(
         &self,
@@ -300,6 +311,11 @@ impl Store for SledStore {
 
     fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {
         Ok(self.blobs.get(sha)?.map(|v| v.to_vec()))
+    }
+
+    fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
+        self.blobs.insert(sha, bytes)?;
+        self.flush()
     }
 
     fn put_component(
@@ -577,7 +593,7 @@ mod tests {
             current: 0,
             versions: vec![],
         };
-        entry.push(spec, "sha".into(), 1);
+        entry.push(SourceKind::Wasm, spec, "sha".into(), 1);
         store.put_tool_entries(&[entry.clone()]).unwrap();
         store
             .tools
@@ -601,7 +617,7 @@ mod tests {
             versions: vec![],
         };
         for i in 0..MAX_VERSIONS_KEPT + 5 {
-            entry.push(spec.clone(), format!("sha{i}"), i as u64);
+            entry.push(SourceKind::Wasm, spec.clone(), format!("sha{i}"), i as u64);
         }
         assert_eq!(entry.versions.len(), MAX_VERSIONS_KEPT);
         assert_eq!(entry.current, (MAX_VERSIONS_KEPT + 5) as u32);
