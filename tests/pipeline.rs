@@ -378,3 +378,111 @@ async fn metrics_count_outcomes_instances_and_compile_cache_hits() {
         2.0
     );
 }
+
+// ---- nested calls: the `call-tool` helper ----
+
+async fn probe_host() -> Arc<Host> {
+    let host = Arc::new(Host::open(HostConfig::default()).unwrap());
+    host.install("acme", plugins::plugin("probe"))
+        .await
+        .unwrap();
+    host.install("globex", plugins::plugin("text_stats"))
+        .await
+        .unwrap();
+    host
+}
+
+#[tokio::test]
+async fn a_guest_calls_another_tool_of_its_tenant_through_the_pipeline() {
+    let host = probe_host().await;
+    let nested = |name: &str, arguments: Value| json!({"name": name, "arguments": arguments});
+    let out = call(
+        &host,
+        "acme",
+        "call_tool",
+        nested("count", json!({"key": "k"})),
+    )
+    .await;
+    assert_eq!(out.result, Ok(json!({"ok": 1})));
+    // Another tenant's tool does not exist from here; bad arguments are caught by the schema.
+    let out = call(
+        &host,
+        "acme",
+        "call_tool",
+        nested("text_stats", json!({"text": "a"})),
+    )
+    .await;
+    let error = out.result.unwrap()["error"].as_str().unwrap().to_owned();
+    assert!(error.starts_with("not_found: "), "{error}");
+    let out = call(
+        &host,
+        "acme",
+        "call_tool",
+        nested("count", json!({"key": 5})),
+    )
+    .await;
+    let error = out.result.unwrap()["error"].as_str().unwrap().to_owned();
+    assert!(error.starts_with("invalid_args: "), "{error}");
+    // The tenant's policy applies to nested calls too.
+    host.set_policy("acme", policy(json!({"deny": ["count"]})))
+        .unwrap();
+    let out = call(
+        &host,
+        "acme",
+        "call_tool",
+        nested("count", json!({"key": "k"})),
+    )
+    .await;
+    let error = out.result.unwrap()["error"].as_str().unwrap().to_owned();
+    assert!(error.starts_with("denied: "), "{error}");
+}
+
+#[tokio::test]
+async fn nested_calls_stop_at_the_depth_limit() {
+    let host = probe_host().await;
+    let out = call(&host, "acme", "recurse", json!({"depth": 0})).await;
+    let value = out.result.unwrap();
+    assert_eq!(value["deepest"], toolhost::MAX_NESTING_DEPTH);
+    assert!(
+        value["error"]
+            .as_str()
+            .unwrap()
+            .contains("nest at most 4 deep"),
+        "{value}"
+    );
+}
+
+#[tokio::test]
+async fn a_nested_call_runs_within_its_callers_time_and_fuel() {
+    let host = probe_host().await;
+    let busy = json!({"name": "busy", "arguments": {"ms": 10_000}});
+
+    // The caller has 500 ms; the callee's own limit is 30 s. Both end at the caller's.
+    let started = std::time::Instant::now();
+    let out = call(&host, "acme", "call_tool_short", busy.clone()).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // The caller may still answer (with the callee's timeout) or run out of time itself.
+    match &out.result {
+        Ok(value) => {
+            let error = value["error"].as_str().unwrap();
+            let limit: u64 = error
+                .strip_prefix("timeout: timed out after ")
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|ms| ms.parse().ok())
+                .unwrap_or_else(|| panic!("{error}"));
+            assert!(limit <= 500, "{error}");
+        }
+        Err(CallError::Timeout { limit_ms: 500 }) => {}
+        other => panic!("{other:?}"),
+    }
+
+    // The caller has 100 M fuel: the callee may not burn more, and what it burns is the
+    // caller's, which leaves the caller itself without fuel.
+    let out = call(&host, "acme", "call_tool_lean", busy).await;
+    assert_eq!(out.code(), "out_of_fuel", "{:?}", out.result);
+    assert!(out.fuel_used.unwrap() <= 100_000_000);
+}

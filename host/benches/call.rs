@@ -131,7 +131,14 @@ async fn run() {
     let args_text = args.to_string();
     let wasm_sandbox = measure(async || {
         let run = sandbox
-            .call(&prepared, &limits, Helpers::default(), &args_text, &ctx)
+            .call(
+                &prepared,
+                &limits,
+                Helpers::default(),
+                &Default::default(),
+                &args_text,
+                &ctx,
+            )
             .await;
         assert!(matches!(run.result, Ok(Ok(_))));
     })

@@ -5,7 +5,11 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
+use std::sync::{Arc, OnceLock};
+
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
 
 /// The operator's egress settings, host-wide.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +179,72 @@ impl EgressConfig {
         }
         Ok(addresses)
     }
+}
+
+/// Why a connection was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// Policy said no: retrying cannot help.
+    #[error(transparent)]
+    Refused(EgressError),
+    /// The network said no.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl EgressConfig {
+    /// Connects to `host:port`, resolved once and checked address by address. `granted_ip`
+    /// is an address the caller's grant names explicitly, allowed even if non-public.
+    pub(crate) async fn connect(
+        &self,
+        host: &str,
+        port: u16,
+        granted_ip: Option<IpAddr>,
+    ) -> Result<TcpStream, ConnectError> {
+        let addresses = match granted_ip {
+            Some(ip) => vec![SocketAddr::new(ip, port)],
+            None => self.resolve(host, port).await.map_err(|e| match e {
+                EgressError::Private { .. } => ConnectError::Refused(e),
+                EgressError::Resolve { .. } => ConnectError::Failed(e.to_string()),
+            })?,
+        };
+        let mut last = None;
+        for address in addresses {
+            match TcpStream::connect(address).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) => last = Some(e),
+            }
+        }
+        let reason = last.map_or_else(String::new, |e| e.to_string());
+        Err(ConnectError::Failed(format!(
+            "cannot connect to {host}:{port}: {reason}"
+        )))
+    }
+}
+
+/// TLS over `stream` to `host`, verified against Mozilla's roots.
+pub(crate) async fn tls<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    host: &str,
+) -> Result<tokio_rustls::client::TlsStream<S>, ConnectError> {
+    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    let config = CONFIG.get_or_init(|| {
+        let roots =
+            rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default TLS versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Arc::new(config)
+    });
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| ConnectError::Failed(format!("TLS name {host}: {e}")))?;
+    tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name, stream)
+        .await
+        .map_err(|e| ConnectError::Failed(format!("TLS with {host}: {e}")))
 }
 
 #[cfg(test)]

@@ -5,8 +5,10 @@
 //! the result -> cache it.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -16,6 +18,7 @@ use serde_json::Value;
 
 use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::cache::{self, KeyPath};
+use crate::call::Level;
 use crate::call::{CallContext, CallError, CallOutcome, Caller, ToolError};
 use crate::clip::clip;
 use crate::egress::EgressConfig;
@@ -24,16 +27,51 @@ use crate::hooks::{CallHook, HookCall};
 use crate::http_tool::{HttpRequestDef, HttpToolDef};
 use crate::loaded::Loaded;
 use crate::metrics::{ComponentSource, Metrics};
-use crate::policy::{Admission, Decision, PolicyError, TenantPolicy};
+use crate::policy::{Admission, DEFAULT_FILES_QUOTA_BYTES, Decision, PolicyError, TenantPolicy};
 use crate::registry::{Catalog, NativeRegistry, NativeTool, TenantTool, is_valid_tenant};
 use crate::sandbox::{
-    Fault, GuestToolDef, GuestToolError, LoadError, Prepared, Sandbox, SandboxConfig,
+    Fault, GuestToolDef, GuestToolError, LoadError, NestedCall, NestedReply, Permissions, Preopen,
+    Prepared, Sandbox, SandboxConfig,
 };
 use crate::schema::ArgsValidator;
 use crate::spec::{CachePolicy, Limits, SpecError, ToolSpec, is_valid_config_key};
 use crate::store::{
     ConfigValue, KeyRecord, SledStore, SourceKind, Store, StoreError, ToolEntry, sha256_hex,
 };
+
+/// How deep `call-tool` calls may nest below a direct call.
+pub const MAX_NESTING_DEPTH: u32 = 4;
+
+/// What a call may spend: its depth of nesting, and for a nested call what its caller has
+/// left, which narrows the callee's own limits. An approved call has spent its approval.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    depth: u32,
+    deadline: Option<Instant>,
+    fuel: Option<u64>,
+    approved: bool,
+}
+
+impl Budget {
+    const TOP: Budget = Budget {
+        depth: 0,
+        deadline: None,
+        fuel: None,
+        approved: false,
+    };
+
+    fn narrow(&self, limits: &Limits) -> Limits {
+        let mut narrowed = *limits;
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            narrowed.timeout_ms = narrowed.timeout_ms.min(left.as_millis() as u64).max(1);
+        }
+        if let Some(fuel) = self.fuel {
+            narrowed.fuel = narrowed.fuel.min(fuel).max(1);
+        }
+        narrowed
+    }
+}
 
 /// A component may offer at most this many tools.
 pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
@@ -56,6 +94,8 @@ pub struct HostConfig {
     pub default_policy: TenantPolicy,
     /// Where outbound requests may go.
     pub egress: EgressConfig,
+    /// Root of tenants' granted directories [default: `data_dir/files`; none in memory].
+    pub files_dir: Option<PathBuf>,
 }
 
 impl Default for HostConfig {
@@ -67,6 +107,7 @@ impl Default for HostConfig {
             store_cache_bytes: 64 << 20,
             default_policy: TenantPolicy::default(),
             egress: EgressConfig::default(),
+            files_dir: None,
         }
     }
 }
@@ -215,7 +256,9 @@ pub struct Host {
     hooks: RwLock<Vec<Arc<dyn CallHook>>>,
     approvals: Approvals,
     metrics: Metrics,
-    egress: EgressConfig,
+    egress: Arc<EgressConfig>,
+    /// Where tenants' granted directories live, one directory per tenant.
+    files_dir: Option<PathBuf>,
     /// Parsed HTTP request definitions by blob sha256; small, and shared by versions.
     http_requests: Mutex<HashMap<String, Arc<HttpRequestDef>>>,
 }
@@ -263,7 +306,10 @@ impl Host {
             hooks: RwLock::default(),
             approvals: Approvals::default(),
             metrics: Metrics::default(),
-            egress: config.egress,
+            egress: Arc::new(config.egress),
+            files_dir: config
+                .files_dir
+                .or(config.data_dir.map(|d| d.join("files"))),
             http_requests: Mutex::default(),
         })
     }
@@ -632,7 +678,7 @@ impl Host {
 
     /// Calls `name` for `caller` with JSON `args`. Never panics: every failure is an outcome.
     pub async fn call(&self, caller: &Caller, name: &str, args: Value) -> CallOutcome {
-        self.call_as(caller, name, args, None).await
+        self.call_as(caller, name, args, None, Budget::TOP).await
     }
 
     /// Runs a call that waits for approval (see [`CallError::ApprovalRequired`]) and returns
@@ -640,7 +686,16 @@ impl Host {
     pub async fn approve(&self, tenant: &str, call_id: &str) -> Result<CallOutcome, ApprovalError> {
         let pending = self.approvals.take(tenant, call_id)?;
         Ok(self
-            .call_as(&pending.caller, &pending.tool, pending.args, Some(call_id))
+            .call_as(
+                &pending.caller,
+                &pending.tool,
+                pending.args,
+                Some(call_id),
+                Budget {
+                    approved: true,
+                    ..Budget::TOP
+                },
+            )
             .await)
     }
 
@@ -717,12 +772,13 @@ impl Host {
         caller: &Caller,
         name: &str,
         args: Value,
-        approved: Option<&str>,
+        call_id: Option<&str>,
+        budget: Budget,
     ) -> CallOutcome {
         let started = Instant::now();
         let ctx = CallContext {
             tenant: caller.tenant.clone(),
-            call_id: approved.map_or_else(|| self.call_ids.next(), str::to_owned),
+            call_id: call_id.map_or_else(|| self.call_ids.next(), str::to_owned),
             tool: name.to_owned(),
             data: caller.data.clone(),
         };
@@ -734,7 +790,7 @@ impl Host {
         let helpers = Helpers::for_call(self.store.clone(), &ctx.tenant, name, config_keys);
         let mut outcome = CallOutcome::new(ctx.call_id.clone(), ctx.tool.clone());
         if let Some(tool) = &resolved {
-            self.admit_and_run(tool, args, &helpers, &ctx, approved.is_some(), &mut outcome)
+            self.admit_and_run(tool, args, &helpers, &ctx, budget, &mut outcome)
                 .await;
         }
         outcome.log = helpers.snapshot();
@@ -774,7 +830,7 @@ impl Host {
         args: Value,
         helpers: &Helpers,
         ctx: &CallContext,
-        approved: bool,
+        budget: Budget,
         outcome: &mut CallOutcome,
     ) {
         let spec = tool.spec();
@@ -784,7 +840,7 @@ impl Host {
                 outcome.result = Err(CallError::Denied { reason });
                 return;
             }
-            Decision::NeedsApproval => !approved,
+            Decision::NeedsApproval => !budget.approved,
             Decision::Run => false,
         };
         let _permit = match self.admission.admit(&ctx.tenant, &policy) {
@@ -836,7 +892,8 @@ impl Host {
                     }),
                 };
         } else {
-            self.run(tool, args.clone(), helpers, ctx, outcome).await;
+            self.run(tool, args.clone(), helpers, ctx, budget, outcome)
+                .await;
         }
         for hook in &hooks {
             hook.after(&hook_call, outcome);
@@ -850,6 +907,7 @@ impl Host {
         args: Value,
         helpers: &Helpers,
         ctx: &CallContext,
+        budget: Budget,
         outcome: &mut CallOutcome,
     ) {
         let spec = tool.spec();
@@ -876,15 +934,18 @@ impl Host {
         let mut result = Err(CallError::Timeout { limit_ms: 0 });
         for attempt in 0..=retries {
             outcome.retries = attempt;
+            // Narrowed again on each attempt: a nested call stays within its caller's time.
+            let limits = budget.narrow(&spec.limits);
             result = match tool {
                 Resolved::Native(native) => {
-                    run_native(native, args.clone(), helpers.clone(), ctx.clone()).await
+                    run_native(native, &limits, args.clone(), helpers.clone(), ctx.clone()).await
                 }
                 Resolved::Tenant(tool) if tool.version.kind == SourceKind::Http => {
-                    self.run_http(tool, &args, helpers).await
+                    self.run_http(tool, &limits, &args, helpers).await
                 }
                 Resolved::Tenant(wasm) => {
-                    let (result, fuel) = self.run_wasm(wasm, args.clone(), helpers, ctx).await;
+                    let run = self.run_wasm(wasm, &limits, args.clone(), helpers, ctx, budget);
+                    let (result, fuel) = run.await;
                     if let Some(fuel) = fuel {
                         *outcome.fuel_used.get_or_insert(0) += fuel;
                     }
@@ -913,13 +974,13 @@ impl Host {
     async fn run_http(
         &self,
         tool: &TenantTool,
+        limits: &Limits,
         args: &Value,
         helpers: &Helpers,
     ) -> Result<Value, CallError> {
         let request = self
             .http_request(&tool.version.component)
             .map_err(|message| CallError::Internal { message })?;
-        let limits = &tool.spec().limits;
         let deadline = tokio::time::Instant::now() + limits.timeout();
         let call = crate::http_tool::call(&request, args, helpers, &self.egress, deadline);
         match tokio::time::timeout_at(deadline, call).await {
@@ -928,6 +989,71 @@ impl Host {
                 limit_ms: limits.timeout_ms,
             }),
         }
+    }
+
+    /// The directory that holds `tenant`'s granted directories (`None` for an in-memory host).
+    pub fn tenant_files(&self, tenant: &str) -> Option<PathBuf> {
+        // Tenant ids may hold any printable character: never a path component as is.
+        let id = &sha256_hex(tenant.as_bytes())[..32];
+        self.files_dir.as_ref().map(|dir| dir.join(id))
+    }
+
+    /// What the tenant's policy grants `tool`: HTTP destinations, and directories under the
+    /// tenant's files root (read-only for this call if the tenant is at its files quota).
+    async fn permissions(
+        &self,
+        tenant: &str,
+        tool: &str,
+        helpers: &Helpers,
+    ) -> Result<Permissions, String> {
+        let policy = self.policy(tenant);
+        let grants = policy.grants_for(tool);
+        let mut permissions = Permissions {
+            network: grants.network,
+            egress: self.egress.clone(),
+            dirs: Vec::new(),
+            tools: None,
+        };
+        if grants.filesystem.is_empty() {
+            return Ok(permissions);
+        }
+        let root = self
+            .tenant_files(tenant)
+            .ok_or("filesystem grants need a data directory (HostConfig::data_dir)")?;
+        let quota = policy
+            .files_quota_bytes
+            .unwrap_or(DEFAULT_FILES_QUOTA_BYTES);
+        let dirs = grants.filesystem;
+        let (dirs, used) = tokio::task::spawn_blocking(move || {
+            let mut preopens = Vec::with_capacity(dirs.len());
+            for dir in dirs {
+                let host = root.join(&dir.dir);
+                std::fs::create_dir_all(&host)
+                    .map_err(|e| format!("cannot create the granted directory {}: {e}", dir.dir))?;
+                preopens.push((host, dir));
+            }
+            Ok::<_, String>((preopens, bytes_under(&root)))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let full = used >= quota;
+        if full {
+            helpers.log(
+                Level::Warn,
+                &format!(
+                    "the tenant's files hold {used} bytes, at or over its quota of {quota} (files_quota_bytes): granted directories are read-only for this call"
+                ),
+            );
+        }
+        permissions.dirs = dirs
+            .into_iter()
+            .map(|(host, dir)| Preopen {
+                host,
+                guest: dir.guest,
+                write: dir.write && !full,
+            })
+            .collect();
+        Ok(permissions)
     }
 
     /// A stored HTTP request definition, parsed once.
@@ -952,20 +1078,38 @@ impl Host {
     async fn run_wasm(
         &self,
         tool: &TenantTool,
+        limits: &Limits,
         args: Value,
         helpers: &Helpers,
         ctx: &CallContext,
+        budget: Budget,
     ) -> (Result<Value, CallError>, Option<u64>) {
         let prepared = match self.prepared(&tool.version.component).await {
             Ok(prepared) => prepared,
             Err(message) => return (Err(CallError::Internal { message }), None),
         };
-        let limits = &tool.spec().limits;
+        let mut permissions = match self.permissions(&ctx.tenant, &ctx.tool, helpers).await {
+            Ok(permissions) => permissions,
+            Err(message) => return (Err(CallError::Internal { message }), None),
+        };
+        let (tools, mut nested_calls) = tokio::sync::mpsc::channel(1);
+        permissions.tools = Some(tools);
         let _live = self.metrics.instance();
+        let args = args.to_string();
         let run = self
             .sandbox
-            .call(&prepared, limits, helpers.clone(), &args.to_string(), ctx)
-            .await;
+            .call(&prepared, limits, helpers.clone(), &permissions, &args, ctx);
+        tokio::pin!(run);
+        // The guest waits in `call-tool` while its nested call runs here.
+        let run = loop {
+            tokio::select! {
+                run = &mut run => break run,
+                Some(nested) = nested_calls.recv() => {
+                    let reply = self.call_nested(ctx, budget, &nested).await;
+                    let _ = nested.reply.send(reply);
+                }
+            }
+        };
         let result = match run.result {
             Ok(Ok(text)) => serde_json::from_str(&text).map_err(|e| CallError::InvalidOutput {
                 reason: format!("not JSON ({e}): {}", truncate(&text, 80)),
@@ -979,6 +1123,48 @@ impl Host {
             Err(fault) => Err(fault_to_error(fault, limits, helpers)),
         };
         (result, Some(run.fuel_used))
+    }
+
+    /// A guest's `call-tool`: the whole pipeline again, for the same tenant, one level deeper,
+    /// within what the caller has left.
+    fn call_nested<'a>(
+        &'a self,
+        parent: &'a CallContext,
+        budget: Budget,
+        nested: &'a NestedCall,
+    ) -> Pin<Box<dyn Future<Output = NestedReply> + Send + 'a>> {
+        Box::pin(async move {
+            let refuse = |message: String| NestedReply {
+                result: Err(message),
+                fuel_used: 0,
+            };
+            if budget.depth >= MAX_NESTING_DEPTH {
+                return refuse(format!(
+                    "denied: calls nest at most {MAX_NESTING_DEPTH} deep"
+                ));
+            }
+            let Ok(args) = serde_json::from_str::<Value>(&nested.args) else {
+                return refuse("invalid_args: the arguments are not JSON".into());
+            };
+            let caller = Caller {
+                tenant: parent.tenant.clone(),
+                data: parent.data.clone(),
+            };
+            let inner = Budget {
+                depth: budget.depth + 1,
+                deadline: Some(nested.deadline),
+                fuel: Some(nested.fuel),
+                approved: false,
+            };
+            let outcome = self.call_as(&caller, &nested.tool, args, None, inner).await;
+            NestedReply {
+                result: match outcome.result {
+                    Ok(value) => Ok(value.to_string()),
+                    Err(error) => Err(format!("{}: {error}", error.code())),
+                },
+                fuel_used: outcome.fuel_used.unwrap_or(0),
+            }
+        })
     }
 
     /// The linked component for `sha`: from memory, else the stored artifact, else compiled
@@ -1041,18 +1227,19 @@ fn cached_key(policy: &CachePolicy, tenant: &str, tool: &Resolved, args: &Value)
 
 async fn run_native(
     tool: &NativeTool,
+    limits: &Limits,
     args: Value,
     helpers: Helpers,
     ctx: CallContext,
 ) -> Result<Value, CallError> {
-    let limit = tool.spec.limits.timeout();
+    let limit = limits.timeout();
     // Its own task, so that a panic in the handler stays in that task.
     let mut task = tokio::spawn((tool.handler)(args, helpers, ctx));
     match tokio::time::timeout(limit, &mut task).await {
         Err(_elapsed) => {
             task.abort();
             Err(CallError::Timeout {
-                limit_ms: tool.spec.limits.timeout_ms,
+                limit_ms: limits.timeout_ms,
             })
         }
         Ok(Ok(result)) => result.map_err(CallError::Tool),
@@ -1168,6 +1355,25 @@ fn tenant_info(tool: &TenantTool) -> ToolInfo {
             },
         },
     }
+}
+
+/// Bytes of the regular files under `root`, not following symlinks.
+fn bytes_under(root: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut pending = vec![root.to_owned()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(meta) if meta.is_dir() => pending.push(entry.path()),
+                Ok(meta) if meta.is_file() => total += meta.len(),
+                _ => {}
+            }
+        }
+    }
+    total
 }
 
 fn truncate(text: &str, max_chars: usize) -> String {

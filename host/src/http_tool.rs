@@ -20,7 +20,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::call::ToolError;
-use crate::egress::{EgressConfig, EgressError};
+use crate::egress::{ConnectError, EgressConfig};
 use crate::helpers::Helpers;
 use crate::spec::{SpecError, ToolSpec, is_valid_config_key};
 
@@ -689,48 +689,22 @@ fn parse_retry_after(value: &str) -> Option<Duration> {
     )
 }
 
-/// Connects to an address egress allows, resolving the name once.
+/// Connects to an address egress allows; a refusal is final, a failure worth a retry.
 async fn connect(egress: &EgressConfig, host: &str, port: u16) -> Result<TcpStream, AttemptError> {
-    let addresses = egress.resolve(host, port).await.map_err(|e| match e {
-        EgressError::Private { .. } => AttemptError::Fatal(ToolError::failed(e)),
-        EgressError::Resolve { .. } => AttemptError::Connection(e.to_string()),
-    })?;
-    let mut last = None;
-    for address in addresses {
-        match TcpStream::connect(address).await {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = Some(e),
-        }
-    }
-    let reason = last.map_or_else(String::new, |e| e.to_string());
-    Err(AttemptError::Connection(format!(
-        "cannot connect to {host}:{port}: {reason}"
-    )))
+    egress.connect(host, port, None).await.map_err(|e| match e {
+        ConnectError::Refused(refused) => AttemptError::Fatal(ToolError::failed(refused)),
+        ConnectError::Failed(message) => AttemptError::Connection(message),
+    })
 }
 
 async fn tls<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     host: &str,
 ) -> Result<tokio_rustls::client::TlsStream<S>, AttemptError> {
-    static CONFIG: std::sync::OnceLock<std::sync::Arc<rustls::ClientConfig>> =
-        std::sync::OnceLock::new();
-    let config = CONFIG.get_or_init(|| {
-        let roots =
-            rustls::RootCertStore::from_iter(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        std::sync::Arc::new(config)
-    });
-    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-        .map_err(|e| AttemptError::Fatal(ToolError::failed(format!("TLS name {host}: {e}"))))?;
-    tokio_rustls::TlsConnector::from(config.clone())
-        .connect(name, stream)
-        .await
-        .map_err(|e| AttemptError::Connection(format!("TLS with {host}: {e}")))
+    crate::egress::tls(stream, host).await.map_err(|e| match e {
+        ConnectError::Refused(refused) => AttemptError::Fatal(ToolError::failed(refused)),
+        ConnectError::Failed(message) => AttemptError::Connection(message),
+    })
 }
 
 /// Opens a tunnel through an HTTP proxy with `CONNECT`.

@@ -27,6 +27,7 @@ pub mod http_tool;
 mod loaded;
 pub mod mcp;
 pub mod metrics;
+mod outbound;
 pub mod policy;
 pub mod registry;
 pub mod sandbox;
@@ -39,7 +40,10 @@ pub use approval::{ApprovalError, PendingCall};
 pub use call::{CallContext, CallError, CallLog, CallOutcome, Caller, Level, ToolError};
 pub use helpers::{HelperError, Helpers};
 pub use hooks::{CallHook, HookCall};
-pub use host::{Host, HostConfig, InstallError, ManageError, NewKey, OpenError, Source, ToolInfo};
+pub use host::{
+    Host, HostConfig, InstallError, MAX_NESTING_DEPTH, ManageError, NewKey, OpenError, Source,
+    ToolInfo,
+};
 pub use policy::TenantPolicy;
 pub use sandbox::SandboxConfig;
 pub use spec::{CachePolicy, Limits, SpecError, ToolSpec};

@@ -6,7 +6,7 @@
 
 use std::hash::Hasher;
 use std::pin::Pin;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -20,10 +20,14 @@ use wasmtime::{
 };
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::call::{CallContext, Level};
+use crate::egress::EgressConfig;
 use crate::helpers::{Helpers, Stream};
+use crate::outbound::Outbound;
+use crate::policy::NetworkRule;
 use crate::spec::{Limits, MEMORY_BYTES};
 
 mod bindings {
@@ -108,6 +112,44 @@ impl std::fmt::Display for Fault {
     }
 }
 
+/// What one call may reach beyond its sandbox; [`Permissions::default`] is nothing at all.
+#[derive(Debug, Clone, Default)]
+pub struct Permissions {
+    /// Destinations `wasi:http` requests may go to.
+    pub network: Vec<NetworkRule>,
+    pub egress: Arc<EgressConfig>,
+    pub dirs: Vec<Preopen>,
+    /// Where `call-tool` requests go; `None`: the guest may not call other tools.
+    pub tools: Option<tokio::sync::mpsc::Sender<NestedCall>>,
+}
+
+/// A guest's `call-tool`: served by whoever runs the call, answered on `reply`.
+#[derive(Debug)]
+pub struct NestedCall {
+    pub tool: String,
+    pub args: String,
+    /// What the caller has left, which bounds the callee.
+    pub fuel: u64,
+    pub deadline: Instant,
+    pub reply: tokio::sync::oneshot::Sender<NestedReply>,
+}
+
+#[derive(Debug)]
+pub struct NestedReply {
+    /// The callee's JSON result, or `code: message`.
+    pub result: Result<String, String>,
+    /// Charged to the caller.
+    pub fuel_used: u64,
+}
+
+/// A host directory the guest sees at `guest`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preopen {
+    pub host: std::path::PathBuf,
+    pub guest: String,
+    pub write: bool,
+}
+
 /// A guest run: how it ended and what it cost.
 #[derive(Debug)]
 pub struct Run<T> {
@@ -136,7 +178,16 @@ impl Sandbox {
         let engine = engine(&config)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        Plugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        use bindings::toolhost::plugin::{helpers, types};
+        types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)?;
+        helpers::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)?;
+        // By hand, for the store: the callee's fuel is charged to the caller.
+        linker
+            .instance("toolhost:plugin/tools@0.1.0")?
+            .func_wrap_async("call-tool", |store, (tool, args): (String, String)| {
+                Box::new(call_tool(store, tool, args))
+            })?;
         let fingerprint = fingerprint(&engine);
         let ticker = spawn_epoch_ticker(engine.clone(), config.epoch_tick);
         Ok(Sandbox {
@@ -208,9 +259,14 @@ impl Sandbox {
 
     /// Asks a component for its tools.
     pub async fn list_tools(&self, prepared: &Prepared, limits: &Limits) -> Run<Vec<GuestToolDef>> {
-        self.run(prepared, limits, Helpers::default(), |store, plugin| {
-            Box::pin(async move { plugin.call_list_tools(store).await })
-        })
+        let nothing = Permissions::default();
+        self.run(
+            prepared,
+            limits,
+            Helpers::default(),
+            &nothing,
+            |store, plugin| Box::pin(async move { plugin.call_list_tools(store).await }),
+        )
         .await
     }
 
@@ -220,6 +276,7 @@ impl Sandbox {
         prepared: &Prepared,
         limits: &Limits,
         helpers: Helpers,
+        permissions: &Permissions,
         args: &str,
         ctx: &CallContext,
     ) -> Run<Result<String, GuestToolError>> {
@@ -230,9 +287,15 @@ impl Sandbox {
             data: ctx.data.to_string(),
         };
         let (tool, args) = (ctx.tool.clone(), args.to_owned());
-        self.run(prepared, limits, helpers, move |store, plugin| {
-            Box::pin(async move { plugin.call_call(store, &tool, &args, &guest_ctx).await })
-        })
+        self.run(
+            prepared,
+            limits,
+            helpers,
+            permissions,
+            move |store, plugin| {
+                Box::pin(async move { plugin.call_call(store, &tool, &args, &guest_ctx).await })
+            },
+        )
         .await
     }
 
@@ -242,6 +305,7 @@ impl Sandbox {
         prepared: &Prepared,
         limits: &Limits,
         helpers: Helpers,
+        permissions: &Permissions,
         entry: impl for<'s> FnOnce(
             &'s mut Store<CallState>,
             Plugin,
@@ -257,7 +321,15 @@ impl Sandbox {
             };
         };
         let deadline = Instant::now() + limits.timeout();
-        let mut store = new_store(&self.engine, limits, helpers, deadline);
+        let mut store = match new_store(&self.engine, limits, helpers, permissions, deadline) {
+            Ok(store) => store,
+            Err(message) => {
+                return Run {
+                    result: Err(Fault::Host(message)),
+                    fuel_used: 0,
+                };
+            }
+        };
         let execution = async {
             let plugin = prepared.pre.instantiate_async(&mut store).await?;
             entry(&mut store, plugin).await
@@ -342,18 +414,35 @@ fn new_store(
     engine: &Engine,
     limits: &Limits,
     helpers: Helpers,
+    permissions: &Permissions,
     deadline: Instant,
-) -> Store<CallState> {
-    // No preopens, env, args or network: WasiCtx's defaults, kept explicit where it matters.
-    let wasi = WasiCtx::builder()
-        .stdout(Capture(helpers.clone(), Stream::Stdout))
+) -> Result<Store<CallState>, String> {
+    // No env, args or sockets, and only the granted directories and HTTP destinations.
+    let mut wasi = WasiCtx::builder();
+    wasi.stdout(Capture(helpers.clone(), Stream::Stdout))
         .stderr(Capture(helpers.clone(), Stream::Stderr))
         .allow_tcp(false)
         .allow_udp(false)
-        .allow_ip_name_lookup(false)
-        .build();
+        .allow_ip_name_lookup(false);
+    for dir in &permissions.dirs {
+        let perms = match dir.write {
+            true => FsPerms::ReadWrite,
+            false => FsPerms::ReadOnly,
+        };
+        wasi.preopened_dir(&dir.host, &dir.guest, perms)
+            .map_err(|e| format!("cannot open the granted directory {}: {e}", dir.guest))?;
+    }
+    let outbound = Outbound {
+        rules: permissions.network.clone(),
+        egress: permissions.egress.clone(),
+        helpers: helpers.clone(),
+    };
     let state = CallState {
-        wasi,
+        tools: permissions.tools.clone(),
+        deadline,
+        wasi: wasi.build(),
+        http: WasiHttpCtx::new(),
+        outbound,
         table: ResourceTable::new(),
         memory: MemoryCap {
             limit: limits.memory_bytes as usize,
@@ -378,7 +467,35 @@ fn new_store(
             UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
         })
     });
-    store
+    Ok(store)
+}
+
+/// `tools.call-tool`: hands the call to whoever runs this one, and waits for the answer.
+async fn call_tool(
+    mut store: wasmtime::StoreContextMut<'_, CallState>,
+    tool: String,
+    args: String,
+) -> wasmtime::Result<(Result<String, String>,)> {
+    let Some(tools) = store.data().tools.clone() else {
+        return Ok((Err("denied: this call may not call other tools".into()),));
+    };
+    let fuel = store.get_fuel()?;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let request = NestedCall {
+        tool,
+        args,
+        fuel,
+        deadline: store.data().deadline,
+        reply,
+    };
+    if tools.send(request).await.is_err() {
+        return Ok((Err("internal: nested calls are not served".into()),));
+    }
+    let Ok(answer) = answer.await else {
+        return Ok((Err("internal: the nested call was dropped".into()),));
+    };
+    store.set_fuel(fuel.saturating_sub(answer.fuel_used))?;
+    Ok((answer.result,))
 }
 
 fn classify(state: &CallState, error: &wasmtime::Error) -> Fault {
@@ -396,7 +513,11 @@ fn classify(state: &CallState, error: &wasmtime::Error) -> Fault {
 
 /// The per-call state a guest's host calls see.
 pub struct CallState {
+    tools: Option<tokio::sync::mpsc::Sender<NestedCall>>,
+    deadline: Instant,
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    outbound: Outbound,
     table: ResourceTable,
     memory: MemoryCap,
     helpers: Helpers,
@@ -407,6 +528,16 @@ impl WasiView for CallState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for CallState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.outbound,
         }
     }
 }

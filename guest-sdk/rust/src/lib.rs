@@ -215,6 +215,22 @@ impl Tool {
     }
 }
 
+#[cfg(feature = "http")]
+pub mod http;
+
+/// Other tools of the same tenant, called through the host's whole pipeline (validation,
+/// policy, limits), within this call's remaining time and fuel.
+pub mod tools {
+    use super::Value;
+
+    /// The tool's JSON result, or `code: message` (for example `not_found: no tool named …`).
+    pub fn call(name: &str, arguments: &Value) -> Result<Value, String> {
+        let text =
+            super::bindings::toolhost::plugin::tools::call_tool(name, &arguments.to_string())?;
+        serde_json::from_str(&text).map_err(|e| format!("invalid_output: {e}"))
+    }
+}
+
 /// A key-value store private to this tool and tenant that persists across calls.
 pub mod kv {
     use super::helpers;

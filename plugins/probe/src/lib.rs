@@ -62,6 +62,83 @@ fn kv_flood(_: NoArgs, _: &Context) -> Result<Value, ToolError> {
     Ok(json!({"stored": 10_000}))
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct PathArg {
+    path: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct WriteArgs {
+    path: String,
+    text: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct UrlArg {
+    url: String,
+}
+
+/// What a filesystem operation did: `{"ok": value}` or `{"error": message}`.
+fn report<T: serde::Serialize>(result: std::io::Result<T>) -> Result<Value, ToolError> {
+    Ok(match result {
+        Ok(value) => json!({ "ok": value }),
+        Err(error) => json!({ "error": error.to_string() }),
+    })
+}
+
+fn fs_read(args: PathArg, _: &Context) -> Result<Value, ToolError> {
+    report(std::fs::read_to_string(&args.path))
+}
+
+fn fs_write(args: WriteArgs, _: &Context) -> Result<Value, ToolError> {
+    report(std::fs::write(&args.path, args.text.as_bytes()).map(|()| args.text.len()))
+}
+
+fn fs_list(args: PathArg, _: &Context) -> Result<Value, ToolError> {
+    report(std::fs::read_dir(&args.path).and_then(|entries| {
+        let mut names = entries
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        names.sort();
+        Ok(names)
+    }))
+}
+
+fn http_get(args: UrlArg, _: &Context) -> Result<Value, ToolError> {
+    Ok(match toolhost_sdk::http::get(&args.url) {
+        Ok(response) => json!({"status": response.status, "body": response.text()}),
+        Err(error) => json!({ "error": error }),
+    })
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct CallArgs {
+    name: String,
+    arguments: Value,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct Depth {
+    depth: u32,
+}
+
+fn call_tool(args: CallArgs, _: &Context) -> Result<Value, ToolError> {
+    Ok(
+        match toolhost_sdk::tools::call(&args.name, &args.arguments) {
+            Ok(value) => json!({ "ok": value }),
+            Err(error) => json!({ "error": error }),
+        },
+    )
+}
+
+/// Calls itself one level deeper until the host refuses; reports how deep it got.
+fn recurse(args: Depth, _: &Context) -> Result<Value, ToolError> {
+    match toolhost_sdk::tools::call("recurse", &json!({"depth": args.depth + 1})) {
+        Ok(deeper) => Ok(deeper),
+        Err(error) => Ok(json!({"deepest": args.depth, "error": error})),
+    }
+}
+
 /// Runs for `ms` of wall-clock time, then answers.
 fn busy(args: Busy, _: &Context) -> Result<&'static str, ToolError> {
     let start = std::time::Instant::now();
@@ -89,4 +166,17 @@ export_tools!(
     .config(&["REGION"]),
     Tool::new("kv_flood", "Fills KV until refused.", kv_flood),
     Tool::new("busy", "Busy for some milliseconds.", busy),
+    Tool::new("fs_read", "Reads a file as text.", fs_read),
+    Tool::new("fs_write", "Writes text to a file.", fs_write),
+    Tool::new("fs_list", "Lists a directory.", fs_list),
+    Tool::new("http_get", "Fetches a URL.", http_get),
+    Tool::new("call_tool", "Calls another tool.", call_tool),
+    Tool::new("call_tool_short", "Calls another tool, briefly.", call_tool).timeout_ms(500),
+    Tool::new(
+        "call_tool_lean",
+        "Calls another tool, on little fuel.",
+        call_tool
+    )
+    .fuel(100_000_000),
+    Tool::new("recurse", "Calls itself until refused.", recurse),
 );
