@@ -486,3 +486,58 @@ async fn a_nested_call_runs_within_its_callers_time_and_fuel() {
     assert_eq!(out.code(), "out_of_fuel", "{:?}", out.result);
     assert!(out.fuel_used.unwrap() <= 100_000_000);
 }
+
+/// Every call leaves one `call` event with the fields an operator filters on.
+#[tokio::test]
+async fn every_call_emits_one_structured_event() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    #[derive(Default, Clone)]
+    struct Events(Arc<Mutex<Vec<std::collections::BTreeMap<String, String>>>>);
+    struct Fields<'a>(&'a mut std::collections::BTreeMap<String, String>);
+    impl tracing::field::Visit for Fields<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.insert(field.name().to_owned(), format!("{value:?}"));
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut fields = std::collections::BTreeMap::new();
+            event.record(&mut Fields(&mut fields));
+            if fields.get("message").map(String::as_str) == Some("call") {
+                self.0.lock().unwrap().push(fields);
+            }
+        }
+    }
+
+    let events = Events::default();
+    let subscriber = tracing_subscriber::registry().with(events.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (host, _) = host_with_echo();
+    call(&host, "acme", "echo", json!({"n": 1})).await;
+    call(&host, "acme", "nope", json!({})).await;
+
+    let events = events.0.lock().unwrap();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let first = &events[0];
+    for field in [
+        "tenant",
+        "tool",
+        "version",
+        "call_id",
+        "outcome",
+        "ms",
+        "fuel",
+        "cache_hit",
+        "retries",
+    ] {
+        assert!(first.contains_key(field), "no {field} in {first:?}");
+    }
+    assert_eq!(first["tenant"], "\"acme\"");
+    assert_eq!(first["outcome"], "\"ok\"");
+    assert_eq!(events[1]["outcome"], "\"not_found\"");
+}

@@ -807,14 +807,15 @@ impl Host {
     fn record(&self, tenant: &str, version: Option<u32>, outcome: &CallOutcome) {
         self.metrics
             .record_call(outcome.code(), outcome.duration, outcome.retries);
+        // Every field always present (0 when it does not apply), so queries need no cases.
         tracing::info!(
             tenant,
             tool = outcome.tool,
-            version,
+            version = version.unwrap_or(0),
             call_id = outcome.call_id,
             outcome = outcome.code(),
             ms = outcome.duration.as_secs_f64() * 1e3,
-            fuel = outcome.fuel_used,
+            fuel = outcome.fuel_used.unwrap_or(0),
             cache_hit = outcome.cache_hit,
             retries = outcome.retries,
             clipped = outcome.clipped.is_some(),
