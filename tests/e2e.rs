@@ -1,6 +1,7 @@
 //! End to end: plugins built from source, installed and called through the library and the CLI.
 
 #[path = "support/plugins.rs"]
+#[allow(dead_code)] // not every user of the helpers needs all of them
 mod plugins;
 
 use std::path::Path;

@@ -1,6 +1,7 @@
 //! End to end: what persists, per tenant: versions, the result cache, KV, config and secrets.
 
 #[path = "support/plugins.rs"]
+#[allow(dead_code)] // not every user of the helpers needs all of them
 mod plugins;
 
 use std::sync::Arc;

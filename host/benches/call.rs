@@ -9,12 +9,13 @@
 //! after a restart.
 
 #[path = "../../tests/support/plugins.rs"]
+#[allow(dead_code)] // not every user of the helpers needs all of them
 mod plugins;
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost::sandbox::Sandbox;
+use toolhost::sandbox::{Entry, Sandbox};
 use toolhost::{CallContext, Caller, Helpers, Host, HostConfig, Limits, SandboxConfig, ToolSpec};
 
 const WARMUP: usize = 2_000;
@@ -136,7 +137,7 @@ async fn run() {
                 &limits,
                 Helpers::default(),
                 &Default::default(),
-                &args_text,
+                Entry::Tool { args: &args_text },
                 &ctx,
             )
             .await;

@@ -8,6 +8,7 @@
 //! cache is 1 GiB).
 
 #[path = "../../tests/support/plugins.rs"]
+#[allow(dead_code)] // not every user of the helpers needs all of them
 mod plugins;
 
 use std::path::Path;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::approval::{ApprovalError, Approvals, PendingCall};
@@ -30,14 +30,25 @@ use crate::metrics::{ComponentSource, Metrics};
 use crate::policy::{Admission, DEFAULT_FILES_QUOTA_BYTES, Decision, PolicyError, TenantPolicy};
 use crate::registry::{Catalog, NativeRegistry, NativeTool, TenantTool, is_valid_tenant};
 use crate::sandbox::{
-    Fault, GuestToolDef, GuestToolError, LoadError, NestedCall, NestedReply, Permissions, Preopen,
-    Prepared, Sandbox, SandboxConfig,
+    Entry, Fault, GuestToolDef, GuestToolError, LoadError, NestedCall, NestedReply, Permissions,
+    Preopen, Prepared, Sandbox, SandboxConfig,
 };
 use crate::schema::ArgsValidator;
 use crate::spec::{CachePolicy, Limits, SpecError, ToolSpec, is_valid_config_key};
 use crate::store::{
     ConfigValue, KeyRecord, SledStore, SourceKind, Store, StoreError, ToolEntry, sha256_hex,
 };
+
+/// The largest JavaScript source `install_js` accepts, in bytes.
+pub const MAX_JS_SOURCE_BYTES: usize = 1 << 20;
+
+/// A stored-source JS tool as stored: its source, and the runtime (by component sha256) it
+/// was installed on and keeps running on, so a new runtime never changes an installed tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JsSource {
+    pub runtime: String,
+    pub source: String,
+}
 
 /// How deep `call-tool` calls may nest below a direct call.
 pub const MAX_NESTING_DEPTH: u32 = 4;
@@ -96,6 +107,9 @@ pub struct HostConfig {
     pub egress: EgressConfig,
     /// Root of tenants' granted directories [default: `data_dir/files`; none in memory].
     pub files_dir: Option<PathBuf>,
+    /// The JavaScript runtime component (`scripts/build-js-runtime`) that runs stored-source
+    /// JS tools; without it `install_js` refuses.
+    pub js_runtime: Option<Vec<u8>>,
 }
 
 impl Default for HostConfig {
@@ -108,6 +122,7 @@ impl Default for HostConfig {
             default_policy: TenantPolicy::default(),
             egress: EgressConfig::default(),
             files_dir: None,
+            js_runtime: None,
         }
     }
 }
@@ -134,6 +149,15 @@ pub enum InstallError {
     TooManyTools { count: usize },
     #[error(transparent)]
     Spec(#[from] SpecError),
+    #[error(
+        "JavaScript tools need the JS runtime: start the host with one (HostConfig::js_runtime, `--js-runtime`; `scripts/build-js-runtime` builds it)"
+    )]
+    NoJsRuntime,
+    #[error("the JavaScript source is {size} bytes; the limit is {MAX_JS_SOURCE_BYTES}")]
+    JsTooLarge { size: usize },
+    /// The module does not compile or run, or has no usable `spec` export.
+    #[error("the JavaScript source: {0}")]
+    JsSource(String),
     #[error("tool `{0}`: the name belongs to a native tool of this host")]
     NativeName(String),
     #[error("tool `{name}`: differs only in case from the existing tool `{existing}`")]
@@ -193,6 +217,12 @@ pub enum Source {
     /// A declarative HTTP request; `definition` is its sha256.
     Http {
         definition: String,
+        version: u32,
+        installed_at_ms: u64,
+    },
+    /// JavaScript source on the host's runtime; `source` is its sha256.
+    Js {
+        source: String,
         version: u32,
         installed_at_ms: u64,
     },
@@ -261,6 +291,10 @@ pub struct Host {
     files_dir: Option<PathBuf>,
     /// Parsed HTTP request definitions by blob sha256; small, and shared by versions.
     http_requests: Mutex<HashMap<String, Arc<HttpRequestDef>>>,
+    /// The JS runtime new JS tools are installed on, by component sha256.
+    js_runtime: Option<String>,
+    /// Stored JS sources by blob sha256.
+    js_sources: Mutex<HashMap<String, Arc<JsSource>>>,
 }
 
 impl Host {
@@ -288,6 +322,17 @@ impl Host {
                 }
             }
         }
+        // Stored once, like any component; compiled on first use and its artifact kept.
+        let js_runtime = match &config.js_runtime {
+            Some(bytes) => {
+                let sha = sha256_hex(bytes);
+                if store.blob(&sha)?.is_none() {
+                    store.put_blob(&sha, bytes)?;
+                }
+                Some(sha)
+            }
+            None => None,
+        };
         let purged = store.cache_purge(now_ms())?;
         tracing::debug!(purged, "expired cached results dropped");
         Ok(Host {
@@ -311,6 +356,8 @@ impl Host {
                 .files_dir
                 .or(config.data_dir.map(|d| d.join("files"))),
             http_requests: Mutex::default(),
+            js_runtime,
+            js_sources: Mutex::default(),
         })
     }
 
@@ -386,6 +433,71 @@ impl Host {
         self.store.put_blob(&sha, &request)?;
         self.add_versions(tenant, SourceKind::Http, std::slice::from_ref(&spec), &sha)?;
         Ok(spec)
+    }
+
+    /// Installs a stored-source JavaScript tool: an ES module that exports its `spec` and,
+    /// as default, the handler `(args, ctx) => result`. It runs on the host's JS runtime, so
+    /// it is callable at once: nothing is compiled. The module is evaluated once here, under
+    /// the default limits, to read its spec; a syntax error names the line and column.
+    pub async fn install_js(&self, tenant: &str, source: &str) -> Result<ToolSpec, InstallError> {
+        if !is_valid_tenant(tenant) {
+            return Err(InstallError::Tenant(tenant.chars().take(128).collect()));
+        }
+        if source.len() > MAX_JS_SOURCE_BYTES {
+            return Err(InstallError::JsTooLarge { size: source.len() });
+        }
+        let runtime = self.js_runtime.clone().ok_or(InstallError::NoJsRuntime)?;
+        let prepared = self
+            .prepared(&runtime)
+            .await
+            .map_err(|message| InstallError::JsSource(format!("the runtime: {message}")))?;
+        let described = self
+            .sandbox
+            .js_describe(&prepared, &Limits::default(), source)
+            .await;
+        let spec_json = match described.result {
+            Ok(Ok(json)) => json,
+            Ok(Err(message)) => return Err(InstallError::JsSource(message)),
+            Err(fault) => return Err(InstallError::JsSource(format!("evaluating it {fault}"))),
+        };
+        let spec: ToolSpec = serde_json::from_str(&spec_json).map_err(|e| {
+            InstallError::Spec(SpecError::new(
+                "(js)",
+                "spec",
+                format!("not a tool spec: {e}"),
+            ))
+        })?;
+        spec.validate()?;
+        self.check_name(tenant, &spec, &[])?;
+        let stored = JsSource {
+            runtime,
+            source: source.to_owned(),
+        };
+        let blob = serde_json::to_vec(&stored).expect("a JS source serializes");
+        let sha = sha256_hex(&blob);
+        let _writing = self.lock_entries();
+        self.store.put_blob(&sha, &blob)?;
+        self.add_versions(tenant, SourceKind::Js, std::slice::from_ref(&spec), &sha)?;
+        Ok(spec)
+    }
+
+    /// A stored JS source, parsed once.
+    fn js_source(&self, sha: &str) -> Result<Arc<JsSource>, String> {
+        let mut sources = self.js_sources.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(source) = sources.get(sha) {
+            return Ok(source.clone());
+        }
+        let bytes = self
+            .store
+            .blob(sha)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("JS source {sha} is missing from the store"))?;
+        let source: Arc<JsSource> = Arc::new(
+            serde_json::from_slice(&bytes)
+                .map_err(|e| format!("JS source {sha} is unreadable: {e}"))?,
+        );
+        sources.insert(sha.to_owned(), source.clone());
+        Ok(source)
     }
 
     /// Adds a version implemented by blob `sha` to each tool of `specs`, written together.
@@ -1085,9 +1197,28 @@ impl Host {
         ctx: &CallContext,
         budget: Budget,
     ) -> (Result<Value, CallError>, Option<u64>) {
-        let prepared = match self.prepared(&tool.version.component).await {
+        // A JS tool runs its stored source on the runtime it was installed on.
+        let js = match tool.version.kind {
+            SourceKind::Js => match self.js_source(&tool.version.component) {
+                Ok(js) => Some(js),
+                Err(message) => return (Err(CallError::Internal { message }), None),
+            },
+            _ => None,
+        };
+        let component = js
+            .as_ref()
+            .map_or(&tool.version.component, |js| &js.runtime);
+        let prepared = match self.prepared(component).await {
             Ok(prepared) => prepared,
             Err(message) => return (Err(CallError::Internal { message }), None),
+        };
+        let args = args.to_string();
+        let entry = match &js {
+            Some(js) => Entry::Js {
+                source: &js.source,
+                args: &args,
+            },
+            None => Entry::Tool { args: &args },
         };
         let mut permissions = match self.permissions(&ctx.tenant, &ctx.tool, helpers).await {
             Ok(permissions) => permissions,
@@ -1096,10 +1227,9 @@ impl Host {
         let (tools, mut nested_calls) = tokio::sync::mpsc::channel(1);
         permissions.tools = Some(tools);
         let _live = self.metrics.instance();
-        let args = args.to_string();
         let run = self
             .sandbox
-            .call(&prepared, limits, helpers.clone(), &permissions, &args, ctx);
+            .call(&prepared, limits, helpers.clone(), &permissions, entry, ctx);
         tokio::pin!(run);
         // The guest waits in `call-tool` while its nested call runs here.
         let run = loop {
@@ -1351,6 +1481,11 @@ fn tenant_info(tool: &TenantTool) -> ToolInfo {
             },
             SourceKind::Http => Source::Http {
                 definition: tool.version.component.clone(),
+                version: tool.version.version,
+                installed_at_ms: tool.version.installed_at_ms,
+            },
+            SourceKind::Js => Source::Js {
+                source: tool.version.component.clone(),
                 version: tool.version.version,
                 installed_at_ms: tool.version.installed_at_ms,
             },

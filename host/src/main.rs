@@ -34,13 +34,18 @@ struct Cli {
         global = true
     )]
     allow_private: Vec<toolhost::egress::Cidr>,
+    /// The JavaScript runtime component that runs JS tools (`scripts/build-js-runtime` builds
+    /// it) [default: js_runtime.wasm next to this executable, if there is one]
+    #[arg(long, env = "TOOLHOST_JS_RUNTIME", global = true)]
+    js_runtime: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install every tool a component (.wasm) offers, or an HTTP tool (.json: {spec, request}).
+    /// Install every tool a component (.wasm) offers, a JavaScript tool (.js: exports `spec`
+    /// and a default handler), or an HTTP tool (.json: {spec, request}).
     Install { file: PathBuf },
     /// List the tools an agent of the tenant sees.
     List {
@@ -213,8 +218,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| usage(format!("cannot create {}: {e}", data_dir.display())))?;
+    let js_runtime_path = cli.js_runtime.clone().or_else(|| {
+        let beside = std::env::current_exe()
+            .ok()?
+            .with_file_name("js_runtime.wasm");
+        beside.exists().then_some(beside)
+    });
+    let js_runtime = match js_runtime_path {
+        Some(path) => Some(
+            std::fs::read(&path)
+                .map_err(|e| usage(format!("--js-runtime {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
     let host = Host::open(HostConfig {
         data_dir: Some(data_dir),
+        js_runtime,
         egress: toolhost::egress::EgressConfig {
             allow_private: cli.allow_private,
         },
@@ -226,7 +245,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Install { file } => {
             let bytes =
                 std::fs::read(&file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
-            let specs = if bytes.trim_ascii_start().starts_with(b"{") {
+            let is_js = file.extension().is_some_and(|e| e == "js" || e == "mjs");
+            let specs = if is_js {
+                let source = String::from_utf8(bytes)
+                    .map_err(|_| usage(format!("{}: not UTF-8", file.display())))?;
+                vec![host.install_js(&tenant, &source).await.map_err(usage)?]
+            } else if bytes.trim_ascii_start().starts_with(b"{") {
                 let def = serde_json::from_slice(&bytes).map_err(|e| {
                     usage(format!(
                         "{}: not an HTTP tool definition: {e}",
@@ -252,6 +276,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     Source::Native => "native",
                     Source::Wasm { .. } => "wasm",
                     Source::Http { .. } => "http",
+                    Source::Js { .. } => "js",
                 };
                 let summary = tool.spec.description.lines().next().unwrap_or_default();
                 println!("{:<24} {kind:<6} {summary}", tool.spec.name);

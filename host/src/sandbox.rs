@@ -38,8 +38,23 @@ mod bindings {
     });
 }
 
+/// The host's JavaScript runtime: the same imports, other exports.
+mod js_bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "toolhost:plugin/js-runtime@0.1.0",
+        exports: { default: async },
+        with: {
+            "toolhost:plugin/types": super::bindings::toolhost::plugin::types,
+            "toolhost:plugin/helpers": super::bindings::toolhost::plugin::helpers,
+            "toolhost:plugin/tools": super::bindings::toolhost::plugin::tools,
+        },
+    });
+}
+
+use bindings::PluginPre;
 pub use bindings::toolhost::plugin::types::{ToolDef as GuestToolDef, ToolError as GuestToolError};
-use bindings::{Plugin, PluginPre};
+use js_bindings::JsRuntimePre;
 
 /// The most memory one call's tables may hold, in elements.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
@@ -157,10 +172,30 @@ pub struct Run<T> {
     pub fuel_used: u64,
 }
 
+impl<T> Run<T> {
+    fn host_fault(message: &str) -> Self {
+        Run {
+            result: Err(Fault::Host(message.to_owned())),
+            fuel_used: 0,
+        }
+    }
+}
+
 /// A component ready to instantiate: compiled, linked and type-checked once.
 #[derive(Clone)]
 pub struct Prepared {
-    pre: PluginPre<CallState>,
+    /// Set for a tool component (the `plugin` world).
+    plugin: Option<PluginPre<CallState>>,
+    /// Set for the JavaScript runtime (the `js-runtime` world).
+    js: Option<JsRuntimePre<CallState>>,
+}
+
+/// What one call runs, with its arguments (JSON text): a tool of a component, or JS source
+/// on the runtime.
+#[derive(Debug, Clone, Copy)]
+pub enum Entry<'a> {
+    Tool { args: &'a str },
+    Js { source: &'a str, args: &'a str },
 }
 
 pub struct Sandbox {
@@ -252,21 +287,49 @@ impl Sandbox {
         let pre = self
             .linker
             .instantiate_pre(&component)
-            .and_then(PluginPre::new)
             .map_err(|e| LoadError::Link(format!("{e:#}")))?;
-        Ok(Prepared { pre })
+        let js = JsRuntimePre::new(pre.clone()).ok();
+        let plugin = match PluginPre::new(pre) {
+            Ok(plugin) => Some(plugin),
+            Err(_) if js.is_some() => None,
+            Err(e) => return Err(LoadError::Link(format!("{e:#}"))),
+        };
+        Ok(Prepared { plugin, js })
     }
 
     /// Asks a component for its tools.
     pub async fn list_tools(&self, prepared: &Prepared, limits: &Limits) -> Run<Vec<GuestToolDef>> {
+        let Some(pre) = prepared.plugin.clone() else {
+            return Run::host_fault("not a tool component: it does not export list-tools");
+        };
         let nothing = Permissions::default();
-        self.run(
-            prepared,
-            limits,
-            Helpers::default(),
-            &nothing,
-            |store, plugin| Box::pin(async move { plugin.call_list_tools(store).await }),
-        )
+        self.run(limits, Helpers::default(), &nothing, |store| {
+            Box::pin(async move {
+                let plugin = pre.instantiate_async(&mut *store).await?;
+                plugin.call_list_tools(store).await
+            })
+        })
+        .await
+    }
+
+    /// Evaluates JS `source` on the runtime and returns its `spec` export as JSON text.
+    pub async fn js_describe(
+        &self,
+        runtime: &Prepared,
+        limits: &Limits,
+        source: &str,
+    ) -> Run<Result<String, String>> {
+        let Some(pre) = runtime.js.clone() else {
+            return Run::host_fault("not the JavaScript runtime");
+        };
+        let source = source.to_owned();
+        let nothing = Permissions::default();
+        self.run(limits, Helpers::default(), &nothing, |store| {
+            Box::pin(async move {
+                let js = pre.instantiate_async(&mut *store).await?;
+                js.call_describe(store, &source).await
+            })
+        })
         .await
     }
 
@@ -277,7 +340,7 @@ impl Sandbox {
         limits: &Limits,
         helpers: Helpers,
         permissions: &Permissions,
-        args: &str,
+        entry: Entry<'_>,
         ctx: &CallContext,
     ) -> Run<Result<String, GuestToolError>> {
         let guest_ctx = bindings::toolhost::plugin::types::CallContext {
@@ -286,29 +349,45 @@ impl Sandbox {
             tool: ctx.tool.clone(),
             data: ctx.data.to_string(),
         };
-        let (tool, args) = (ctx.tool.clone(), args.to_owned());
-        self.run(
-            prepared,
-            limits,
-            helpers,
-            permissions,
-            move |store, plugin| {
-                Box::pin(async move { plugin.call_call(store, &tool, &args, &guest_ctx).await })
-            },
-        )
-        .await
+        let tool = ctx.tool.clone();
+        match entry {
+            Entry::Tool { args } => {
+                let args = args.to_owned();
+                let Some(pre) = prepared.plugin.clone() else {
+                    return Run::host_fault("not a tool component");
+                };
+                self.run(limits, helpers, permissions, move |store| {
+                    Box::pin(async move {
+                        let plugin = pre.instantiate_async(&mut *store).await?;
+                        plugin.call_call(store, &tool, &args, &guest_ctx).await
+                    })
+                })
+                .await
+            }
+            Entry::Js { source, args } => {
+                let Some(pre) = prepared.js.clone() else {
+                    return Run::host_fault("not the JavaScript runtime");
+                };
+                let (source, args) = (source.to_owned(), args.to_owned());
+                self.run(limits, helpers, permissions, move |store| {
+                    Box::pin(async move {
+                        let js = pre.instantiate_async(&mut *store).await?;
+                        js.call_run(store, &source, &args, &guest_ctx).await
+                    })
+                })
+                .await
+            }
+        }
     }
 
     /// Instantiates, runs `entry` under `limits`, and drops the instance.
     async fn run<T>(
         &self,
-        prepared: &Prepared,
         limits: &Limits,
         helpers: Helpers,
         permissions: &Permissions,
         entry: impl for<'s> FnOnce(
             &'s mut Store<CallState>,
-            Plugin,
         )
             -> Pin<Box<dyn Future<Output = wasmtime::Result<T>> + Send + 's>>
         + Send,
@@ -330,10 +409,7 @@ impl Sandbox {
                 };
             }
         };
-        let execution = async {
-            let plugin = prepared.pre.instantiate_async(&mut store).await?;
-            entry(&mut store, plugin).await
-        };
+        let execution = entry(&mut store);
         // The epoch deadline stops guest code; this stops a guest blocked in a host call.
         let outcome = tokio::time::timeout_at(deadline.into(), execution).await;
         let fuel_used = limits.fuel - store.get_fuel().unwrap_or(0);

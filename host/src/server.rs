@@ -192,9 +192,11 @@ impl IntoResponse for ApiError {
 impl From<InstallError> for ApiError {
     fn from(error: InstallError) -> Self {
         let (status, code) = match &error {
-            InstallError::Load(LoadError::TooLarge { .. }) => {
+            InstallError::Load(LoadError::TooLarge { .. }) | InstallError::JsTooLarge { .. } => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
             }
+            InstallError::JsSource(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_source"),
+            InstallError::NoJsRuntime => (StatusCode::NOT_IMPLEMENTED, "no_js_runtime"),
             InstallError::Load(_)
             | InstallError::ListTools(_)
             | InstallError::NoTools
@@ -315,6 +317,27 @@ async fn install(
         .unwrap_or_default()
         .to_owned();
     let multipart = content_type.starts_with("multipart/form-data");
+    if content_type.starts_with("application/javascript")
+        || content_type.starts_with("text/javascript")
+    {
+        let body = Bytes::from_request(request, &app)
+            .await
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => {
+                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
+                }
+                status => ApiError::new(status, "bad_request", e.body_text()),
+            })?;
+        let source = std::str::from_utf8(&body).map_err(|_| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "the source is not UTF-8",
+            )
+        })?;
+        let installed = app.host.install_js(&tenant, source).await?;
+        return Ok((StatusCode::CREATED, Json(json!({"installed": [installed]}))).into_response());
+    }
     if content_type.starts_with("application/json") {
         let body = Bytes::from_request(request, &app).await;
         let def: HttpToolDef = json_body(body)?;

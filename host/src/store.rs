@@ -42,8 +42,8 @@ pub struct ToolVersion {
     #[serde(default)]
     pub kind: SourceKind,
     pub spec: ToolSpec,
-    /// sha256 (hex) of the blob that implements it: the component, or the HTTP request
-    /// definition (JSON).
+    /// sha256 (hex) of the blob that implements it: the component, the HTTP request
+    /// definition (JSON), or the JS source and the runtime it runs on (JSON).
     pub component: String,
     pub installed_at_ms: u64,
 }
@@ -56,6 +56,8 @@ pub enum SourceKind {
     Wasm,
     /// A declarative HTTP request ([`crate::http_tool::HttpRequestDef`] JSON).
     Http,
+    /// JavaScript source run on the host's JS runtime ([`crate::host::JsSource`] JSON).
+    Js,
 }
 
 /// Older versions past this many are forgotten (their blobs stay, shared by content).

@@ -1,0 +1,142 @@
+// The toolhost JavaScript SDK: define tools, export them as the `toolhost:plugin` world.
+// This module runs inside the component; `toolhost-js build` bundles it with your tool.
+import * as helpers from "toolhost:plugin/helpers@0.1.0";
+import * as tools from "toolhost:plugin/tools@0.1.0";
+
+const LEVELS = ["trace", "debug", "info", "warn", "error"];
+const NAME = /^[a-zA-Z0-9_-]{1,64}$/;
+
+/** A failure the tool reports itself; `invalidArgs` marks arguments it cannot use. */
+export class ToolError extends Error {
+  constructor(message, { invalidArgs = false } = {}) {
+    super(message);
+    this.name = "ToolError";
+    this.invalidArgs = invalidArgs;
+  }
+}
+
+/** Checks a tool definition; the host checks it again, with every rule, at install. */
+export function defineTool(def) {
+  if (!def || typeof def !== "object") throw new TypeError("defineTool takes an object");
+  if (!NAME.test(def.name ?? "")) throw new TypeError(`tool name must match ${NAME}: ${def.name}`);
+  if (typeof def.description !== "string") throw new TypeError(`${def.name}: description must be a string`);
+  if (typeof def.handler !== "function") throw new TypeError(`${def.name}: handler must be a function`);
+  const parameters = toJsonSchema(def.parameters ?? { type: "object" });
+  return { ...def, parameters };
+}
+
+/** A zod schema (v3, through its `_def`) or a plain JSON Schema object, as JSON Schema. */
+function toJsonSchema(schema) {
+  if (schema && typeof schema === "object" && schema._def) return zodToJsonSchema(schema);
+  return schema;
+}
+
+function zodToJsonSchema(schema) {
+  const def = schema._def;
+  const described = (out) => (def.description ? { ...out, description: def.description } : out);
+  switch (def.typeName) {
+    case "ZodString": return described({ type: "string" });
+    case "ZodNumber": return described(def.checks?.some((c) => c.kind === "int") ? { type: "integer" } : { type: "number" });
+    case "ZodBoolean": return described({ type: "boolean" });
+    case "ZodArray": return described({ type: "array", items: zodToJsonSchema(def.type) });
+    case "ZodEnum": return described({ type: "string", enum: def.values });
+    case "ZodLiteral": return described({ const: def.value });
+    case "ZodNullable": return described({ anyOf: [zodToJsonSchema(def.innerType), { type: "null" }] });
+    case "ZodOptional": case "ZodDefault": return zodToJsonSchema(def.innerType);
+    case "ZodObject": {
+      const shape = typeof def.shape === "function" ? def.shape() : def.shape;
+      const properties = {};
+      const required = [];
+      for (const [key, value] of Object.entries(shape)) {
+        properties[key] = zodToJsonSchema(value);
+        const kind = value._def.typeName;
+        if (kind !== "ZodOptional" && kind !== "ZodDefault") required.push(key);
+      }
+      return described({ type: "object", properties, ...(required.length ? { required } : {}) });
+    }
+    default: throw new TypeError(`zod type ${def.typeName} has no JSON Schema here; pass a JSON Schema instead`);
+  }
+}
+
+const bigint = (value) => (value === undefined ? undefined : BigInt(value));
+
+function toolDef(def) {
+  const limits = def.limits ?? {};
+  return {
+    name: def.name,
+    description: def.description,
+    parameters: JSON.stringify(def.parameters),
+    strict: def.strict ?? false,
+    group: def.group,
+    private: def.private ?? false,
+    limits: {
+      timeoutMs: bigint(limits.timeoutMs),
+      fuel: bigint(limits.fuel),
+      memoryBytes: bigint(limits.memoryBytes),
+      maxResultChars: bigint(limits.maxResultChars),
+    },
+    cache: def.cache ? { ttlMs: BigInt(def.cache.ttlMs), keyPath: def.cache.keyPath } : undefined,
+    config: def.config ?? [],
+    needsApproval: def.needsApproval ?? false,
+    idempotent: def.idempotent ?? false,
+    retryCountOnStall: def.retryCountOnStall ?? 0,
+  };
+}
+
+/**
+ * The world's exports for these tools: `export const { listTools, call } = exportTools(a, b)`.
+ */
+export function exportTools(...defs) {
+  const byName = new Map(defs.map((def) => [def.name, def]));
+  return {
+    listTools: () => defs.map(toolDef),
+    call(name, args, ctx) {
+      const def = byName.get(name);
+      if (!def) throw { tag: "failed", val: `this component has no tool \`${name}\`` };
+      let result;
+      try {
+        const context = { tenant: ctx.tenant, callId: ctx.callId, tool: ctx.tool, data: JSON.parse(ctx.data) };
+        result = def.handler(JSON.parse(args), context);
+      } catch (error) {
+        throw toToolError(error);
+      }
+      if (result instanceof Promise) {
+        throw { tag: "failed", val: `${name}: async handlers are not supported in components yet` };
+      }
+      return JSON.stringify(result ?? null);
+    },
+  };
+}
+
+function toToolError(error) {
+  if (error instanceof ToolError) {
+    return { tag: error.invalidArgs ? "invalid-args" : "failed", val: error.message };
+  }
+  if (error instanceof Error) {
+    return { tag: "failed", val: `${error.name}: ${error.message}\n${error.stack ?? ""}`.trimEnd() };
+  }
+  return { tag: "failed", val: String(error) };
+}
+
+/** The call's log, returned with its result. */
+export const log = Object.fromEntries(
+  LEVELS.map((level) => [level, (...parts) => helpers.log(level, parts.map(String).join(" "))]),
+);
+
+/** Storage private to this tool and tenant, kept across calls (values are strings here). */
+export const kv = {
+  get: (key) => {
+    const bytes = helpers.kvGet(key);
+    return bytes === undefined ? undefined : new TextDecoder().decode(bytes);
+  },
+  set: (key, value) => helpers.kvSet(key, new TextEncoder().encode(String(value))),
+  delete: (key) => helpers.kvDelete(key),
+};
+
+/** The tenant's configuration, for keys the tool lists in `config`. */
+export const config = { get: (key) => helpers.configGet(key) };
+
+/** Calls another tool of the same tenant; throws `Error("code: message")` if it fails. */
+export function callTool(name, args = {}) {
+  return JSON.parse(tools.callTool(name, JSON.stringify(args)));
+}

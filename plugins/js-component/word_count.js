@@ -1,0 +1,34 @@
+// A JavaScript tool built into a component: `npx toolhost-js build word_count.js`.
+import { defineTool, exportTools, log, ToolError } from "@toolhost/sdk";
+
+const wordCount = defineTool({
+  name: "js_component_word_count",
+  description: "Counts the words in a text and finds the most frequent one.",
+  parameters: {
+    type: "object",
+    required: ["text"],
+    properties: { text: { type: "string", description: "The text to count." } },
+  },
+  handler({ text }, ctx) {
+    if (text.length > 100_000) throw new ToolError("text is longer than 100 000 characters", { invalidArgs: true });
+    // This engine has no Unicode property escapes (\p{L}): letters are spelled out.
+    const words = text.toLowerCase().match(/[0-9a-z\u00c0-\uffff']+/g) ?? [];
+    const counts = new Map();
+    for (const word of words) counts.set(word, (counts.get(word) ?? 0) + 1);
+    let top = null;
+    for (const [word, count] of counts) if (!top || count > top.count) top = { word, count };
+    log.info(`counted ${words.length} words for ${ctx.tenant}`);
+    return { words: words.length, distinct: counts.size, most_frequent: top };
+  },
+});
+
+const shout = defineTool({
+  name: "js_component_fail",
+  description: "Always fails, to show how errors reach the agent.",
+  parameters: { type: "object", properties: { why: { type: "string" } } },
+  handler({ why }) {
+    throw new Error(`failed on purpose: ${why ?? "no reason"}`);
+  },
+});
+
+export const { listTools, call } = exportTools(wordCount, shout);

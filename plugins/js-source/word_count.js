@@ -1,0 +1,21 @@
+// A stored-source JavaScript tool: `toolhost install word_count.js`. It runs on the host's
+// shared JS runtime, so it is callable as soon as it is uploaded.
+export const spec = {
+  name: "js_word_count",
+  description: "Counts the words in a text and finds the most frequent one.",
+  parameters: {
+    type: "object",
+    required: ["text"],
+    properties: { text: { type: "string", description: "The text to count." } },
+  },
+};
+
+export default function (args, ctx) {
+  const words = args.text.toLowerCase().match(/[\p{L}\p{N}']+/gu) ?? [];
+  const counts = new Map();
+  for (const word of words) counts.set(word, (counts.get(word) ?? 0) + 1);
+  let top = null;
+  for (const [word, count] of counts) if (!top || count > top.count) top = { word, count };
+  console.log(`counted ${words.length} words for ${ctx.tenant}`);
+  return { words: words.length, distinct: counts.size, most_frequent: top };
+}
