@@ -47,7 +47,7 @@ pub fn js_runtime() -> Vec<u8> {
     std::fs::read(path).unwrap()
 }
 
-/// `plugins/js-component/word_count.js` built into a component by the JS SDK's
+/// `plugins/js-component/word_count.ts` built into a component by the JS SDK's
 /// `toolhost-js build`, once per process (installing the SDK's npm packages if needed).
 pub fn js_component() -> Vec<u8> {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
@@ -67,7 +67,7 @@ pub fn js_component() -> Vec<u8> {
         let out = Command::new("node")
             .arg(sdk.join("bin/toolhost-js.mjs"))
             .arg("build")
-            .arg(root().join("plugins/js-component/word_count.js"))
+            .arg(root().join("plugins/js-component/word_count.ts"))
             .arg("-o")
             .arg(&output)
             .output()
