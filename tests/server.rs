@@ -639,3 +639,117 @@ async fn shutdown_lets_running_calls_finish_and_refuses_new_ones() {
         "the listener is closed"
     );
 }
+
+/// `toolhost serve` owns its data directory; the CLI's operator commands reach it through the
+/// admin socket, and take effect at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_manages_tenants_keys_and_policies_while_the_server_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["serve", "--listen", &addr.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let socket = dir.path().join(toolhost::admin::SOCKET);
+    for _ in 0..200 {
+        if socket.exists() && tokio::net::TcpStream::connect(addr).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "owner-only");
+
+    assert_eq!(
+        cli(&["tenant", "create", "acme"]),
+        (Some(0), "created tenant acme\n".into(), String::new())
+    );
+    let (code, secret, notice) = cli(&["--tenant", "acme", "key", "create"]);
+    assert_eq!(code, Some(0), "{notice}");
+    assert!(notice.contains("not shown again"));
+    let key = secret.trim();
+    let tools = |key: String| {
+        http(
+            addr,
+            format!(
+                "GET /v1/tools HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    assert_eq!(
+        tools(key.into()).await.unwrap().0,
+        200,
+        "the new key works at once"
+    );
+
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, r#"{"deny": ["admin_*"]}"#).unwrap();
+    let (code, _, _) = cli(&[
+        "--tenant",
+        "acme",
+        "policy",
+        "set",
+        policy.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0));
+    let (status, body) = http(
+        addr,
+        format!("GET /v1/policy HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, body.as_str()), (200, r#"{"deny":["admin_*"]}"#));
+
+    // Errors come back as the CLI's own; a command that needs the store itself says why.
+    let (code, _, stderr) = cli(&["key", "revoke", "nope"]);
+    assert_eq!(
+        (code, stderr.trim()),
+        (Some(2), "error: no key with id `nope`")
+    );
+    let (code, _, stderr) = cli(&["list"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("in use"), "{stderr}");
+
+    let (_, list, _) = cli(&["--tenant", "acme", "key", "list"]);
+    let id = list.split_whitespace().next().unwrap().to_owned();
+    assert_eq!(cli(&["key", "revoke", &id]).0, Some(0));
+    assert_eq!(tools(key.into()).await.unwrap().0, 401, "revoked at once");
+
+    // SIGTERM: the server stops and takes its socket with it.
+    let term = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    assert!(server.wait().unwrap().success());
+    assert!(!socket.exists());
+    assert_eq!(
+        cli(&["tenant", "list"]).1,
+        "acme\n",
+        "and the CLI opens the store itself again"
+    );
+}

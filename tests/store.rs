@@ -361,8 +361,18 @@ async fn a_damaged_artifact_is_recompiled_never_trusted() {
         host.install("acme", plugin("unit_convert")).await.unwrap();
     }
     let artifacts = |db: &sled::Db| db.open_tree("artifacts").unwrap();
+    // A dropped store's flusher thread lets go of sled's lock a moment after the drop.
+    let open = || {
+        for _ in 0..100 {
+            if let Ok(db) = sled::open(dir.path().join("db")) {
+                return db;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("the store stayed locked");
+    };
     {
-        let db = sled::open(dir.path().join("db")).unwrap();
+        let db = open();
         let tree = artifacts(&db);
         let (key, value) = tree.iter().next().unwrap().unwrap();
         let mut damaged = value.to_vec();
@@ -382,7 +392,7 @@ async fn a_damaged_artifact_is_recompiled_never_trusted() {
         .await;
         assert_eq!(out.result.unwrap()["value"], json!(36.0));
     }
-    let db = sled::open(dir.path().join("db")).unwrap();
+    let db = open();
     let (_, value) = artifacts(&db).iter().next().unwrap().unwrap();
     use sha2::Digest;
     assert_eq!(

@@ -3,7 +3,8 @@
 //! Quality: the labelled set in `benches/data/search-eval.json` (500 tools over 50 domains, 50
 //! queries with their expected tool and 50 more held out from tuning; regenerate with
 //! `scripts/gen-search-eval.py`), ranked by
-//! the BM25 index and, as the peer, by plain keyword overlap with the same tokenizer.
+//! the hybrid index (BM25 and static embeddings) and, as peers, BM25 alone and plain keyword
+//! overlap with the same tokenizer.
 //! Speed: p50/p99 of one search over 10 000 tools (the set 20 times), against rebuilding the
 //! index for every query.
 
@@ -85,15 +86,13 @@ fn main() {
     println!("{:<34} {:>9} {:>9}", "", "recall@1", "recall@5");
     let mut misses = Vec::new();
     for (label, queries) in [("", &set.queries), (" (held out)", &set.held_out_queries)] {
+        let mut hybrid = Vec::new();
         let mut bm25 = Vec::new();
         let mut overlap = Vec::new();
         for q in queries {
             let expected = position(&q.expected);
-            let ranked: Vec<usize> = index
-                .search(&q.query, 5)
-                .into_iter()
-                .map(|(i, _)| i)
-                .collect();
+            let ids = |ranked: Vec<(usize, f32)>| ranked.into_iter().map(|(i, _)| i).collect();
+            let ranked: Vec<usize> = ids(index.search(&q.query, 5));
             if !ranked.contains(&expected) {
                 let top = ranked
                     .first()
@@ -103,10 +102,15 @@ fn main() {
                     q.query, q.expected
                 ));
             }
-            bm25.push((ranked, expected));
+            hybrid.push((ranked, expected));
+            bm25.push((ids(index.search_weighted(&q.query, 5, 0.0)), expected));
             overlap.push((overlap_ranking(&specs, &q.query, 5), expected));
         }
-        for (name, rankings) in [("BM25 index", &bm25), ("peer: keyword overlap", &overlap)] {
+        for (name, rankings) in [
+            ("BM25 + static embeddings", &hybrid),
+            ("peer: BM25 alone", &bm25),
+            ("peer: keyword overlap", &overlap),
+        ] {
             println!(
                 "{:<34} {:>9.2} {:>9.2}",
                 format!("{name}{label}"),
@@ -115,7 +119,7 @@ fn main() {
             );
         }
     }
-    println!("BM25 misses in the top 5:\n{}", misses.join("\n"));
+    println!("misses in the top 5:\n{}", misses.join("\n"));
 
     // 10 000 tools: the set 20 times over, names made unique.
     let large: Vec<ToolSpec> = (0..20)
@@ -131,14 +135,19 @@ fn main() {
     let large_index = Index::build(&large);
     let build = start.elapsed();
     let mut samples = Vec::new();
+    let mut lexical = Vec::new();
     for _ in 0..40 {
         for q in &set.queries {
             let start = Instant::now();
             std::hint::black_box(large_index.search(&q.query, 5));
             samples.push(start.elapsed());
+            let start = Instant::now();
+            std::hint::black_box(large_index.search_weighted(&q.query, 5, 0.0));
+            lexical.push(start.elapsed());
         }
     }
     samples.sort();
+    lexical.sort();
     let mut rebuild = Vec::new();
     for q in set.queries.iter().take(10) {
         let start = Instant::now();
@@ -155,9 +164,15 @@ fn main() {
     println!("{:<34} {:>9} {:>9}", "", "p50 µs", "p99 µs");
     println!(
         "{:<34} {:>9.1} {:>9.1}",
-        "cached BM25 index",
+        "cached index, hybrid",
         percentile(&samples, 50),
         percentile(&samples, 99)
+    );
+    println!(
+        "{:<34} {:>9.1} {:>9.1}",
+        "peer: cached index, BM25 alone",
+        percentile(&lexical, 50),
+        percentile(&lexical, 99)
     );
     println!(
         "{:<34} {:>9.1} {:>9.1}",

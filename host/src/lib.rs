@@ -13,12 +13,14 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admin;
 pub mod approval;
 pub mod cache;
 pub mod call;
 pub mod clip;
 pub mod disclosure;
 pub mod egress;
+pub mod embed;
 pub mod export;
 pub mod helpers;
 pub mod hooks;

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use serde_json::Value;
-use toolhost::{Caller, Host, HostConfig, Source};
+use toolhost::admin::{AdminCommand, AdminReply};
+use toolhost::{Caller, Host, HostConfig, OpenError, Source, StoreError};
 
 #[derive(Parser)]
 #[command(
@@ -93,8 +94,7 @@ enum Command {
     /// Tenants, which API keys belong to.
     #[command(subcommand)]
     Tenant(TenantCommand),
-    /// API keys for the HTTP API (run while the server is stopped: one process owns the data
-    /// directory).
+    /// API keys for the HTTP API (while `serve` runs, it carries the command out).
     #[command(subcommand)]
     Key(KeyCommand),
     /// Print the tools an agent sees as JSON tool specs for an LLM API.
@@ -214,10 +214,73 @@ fn default_data_dir() -> PathBuf {
     base.map_or_else(|| PathBuf::from(".toolhost"), |base| base.join("toolhost"))
 }
 
+/// The operator's commands, as the admin module runs them, reading stdin or files first.
+fn admin_command(command: &Command, tenant: &str) -> Result<Option<AdminCommand>, Failure> {
+    let tenant = tenant.to_owned();
+    let read_stdin = |what: &str| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .map_err(|e| usage(format!("reading {what} from stdin: {e}")))
+            .map(|_| text)
+    };
+    Ok(Some(match command {
+        Command::Tenant(TenantCommand::Create { name }) => AdminCommand::TenantCreate {
+            tenant: name.clone(),
+        },
+        Command::Tenant(TenantCommand::List) => AdminCommand::TenantList,
+        Command::Key(KeyCommand::Create) => AdminCommand::KeyCreate { tenant },
+        Command::Key(KeyCommand::List { all }) => AdminCommand::KeyList {
+            tenant: (!all).then_some(tenant),
+        },
+        Command::Key(KeyCommand::Revoke { id }) => AdminCommand::KeyRevoke { id: id.clone() },
+        Command::Config(ConfigCommand::Set { key, value, secret }) => AdminCommand::ConfigSet {
+            tenant,
+            key: key.clone(),
+            value: match value {
+                Some(value) => value.clone(),
+                None => read_stdin("the value")?
+                    .trim_end_matches(['\n', '\r'])
+                    .to_owned(),
+            },
+            secret: *secret,
+        },
+        Command::Config(ConfigCommand::List) => AdminCommand::ConfigList { tenant },
+        Command::Config(ConfigCommand::Remove { key }) => AdminCommand::ConfigRemove {
+            tenant,
+            key: key.clone(),
+        },
+        Command::Policy(PolicyCommand::Show) => AdminCommand::PolicyShow { tenant },
+        Command::Policy(PolicyCommand::Set { file }) => {
+            let text = if file.as_os_str() == "-" {
+                read_stdin("the policy")?
+            } else {
+                std::fs::read_to_string(file)
+                    .map_err(|e| usage(format!("reading {}: {e}", file.display())))?
+            };
+            let policy = serde_json::from_str(&text)
+                .map_err(|e| usage(format!("the policy is not valid: {e}")))?;
+            AdminCommand::PolicySet { tenant, policy }
+        }
+        _ => return Ok(None),
+    }))
+}
+
+fn print_reply(reply: AdminReply) -> Result<(), Failure> {
+    match reply {
+        AdminReply::Done { stdout, stderr } => {
+            eprint!("{stderr}");
+            print!("{stdout}");
+            Ok(())
+        }
+        AdminReply::Failed(message) => Err(usage(message)),
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), Failure> {
     let data_dir = cli.data_dir.unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| usage(format!("cannot create {}: {e}", data_dir.display())))?;
+    let admin = admin_command(&cli.command, &cli.tenant)?;
     let js_runtime_path = cli.js_runtime.clone().or_else(|| {
         let beside = std::env::current_exe()
             .ok()?
@@ -232,14 +295,30 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         None => None,
     };
     let host = Host::open(HostConfig {
-        data_dir: Some(data_dir),
+        data_dir: Some(data_dir.clone()),
         js_runtime,
         egress: toolhost::egress::EgressConfig {
             allow_private: cli.allow_private,
         },
         ..HostConfig::default()
-    })
-    .map_err(usage)?;
+    });
+    let host = match (host, admin) {
+        // A running server owns the data directory: it runs the command for us.
+        (Err(OpenError::Store(StoreError::Locked { .. })), Some(command)) => {
+            let reply = toolhost::admin::send(&data_dir, &command)
+                .await
+                .map_err(|e| {
+                    usage(format!(
+                        "the data directory is in use and its server did not answer on {}: {e}",
+                        data_dir.join(toolhost::admin::SOCKET).display()
+                    ))
+                })?;
+            return print_reply(reply);
+        }
+        (Ok(host), Some(command)) => return print_reply(command.execute(&host)),
+        (Err(error), _) => return Err(usage(error)),
+        (Ok(host), None) => host,
+    };
     let tenant = cli.tenant;
     match cli.command {
         Command::Install { file } => {
@@ -339,7 +418,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 println!(
                     "{mark} {:>3}  {sha}  installed {}",
                     v.version,
-                    rfc3339(v.installed_at_ms)
+                    toolhost::admin::rfc3339(v.installed_at_ms)
                 );
             }
         }
@@ -355,105 +434,28 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let options = toolhost::server::ServerOptions {
                 disclosure: disclosure.config(),
             };
-            toolhost::server::serve(
-                std::sync::Arc::new(host),
-                listener,
-                options,
-                shutdown_signal(),
-            )
-            .await
-            .map_err(|e| Failure(1, format!("error: serving: {e}")))?;
+            let host = std::sync::Arc::new(host);
+            // Tenants, keys, configuration and policies stay manageable from the CLI.
+            let admin = tokio::spawn({
+                let (host, data_dir) = (host.clone(), data_dir.clone());
+                async move { toolhost::admin::serve(host, &data_dir).await }
+            });
+            let served = toolhost::server::serve(host, listener, options, shutdown_signal()).await;
+            admin.abort();
+            let _ = std::fs::remove_file(data_dir.join(toolhost::admin::SOCKET));
+            served.map_err(|e| Failure(1, format!("error: serving: {e}")))?;
         }
         Command::Mcp { disclosure } => {
             toolhost::mcp::serve_stdio(std::sync::Arc::new(host), disclosure.config(), tenant)
                 .await
                 .map_err(|e| Failure(1, format!("error: mcp: {e}")))?;
         }
-        Command::Tenant(TenantCommand::Create { name }) => {
-            let created = host.create_tenant(&name).map_err(usage)?;
-            println!(
-                "{} tenant {name}",
-                if created { "created" } else { "existing" }
-            );
-        }
-        Command::Tenant(TenantCommand::List) => {
-            for tenant in host.tenants().map_err(usage)? {
-                println!("{tenant}");
-            }
-        }
-        Command::Key(KeyCommand::Create) => {
-            let key = host.create_key(&tenant).map_err(usage)?;
-            eprintln!(
-                "key {} for tenant {}: store it now, it is not shown again",
-                key.record.id, tenant
-            );
-            println!("{}", key.secret);
-        }
-        Command::Key(KeyCommand::List { all }) => {
-            let keys = host
-                .keys((!all).then_some(tenant.as_str()))
-                .map_err(usage)?;
-            for key in keys {
-                println!(
-                    "{}  {}  created {}",
-                    key.id,
-                    key.tenant,
-                    rfc3339(key.created_at_ms)
-                );
-            }
-        }
-        Command::Key(KeyCommand::Revoke { id }) => {
-            if !host.revoke_key(&id).map_err(usage)? {
-                return Err(usage(format!("no key with id `{id}`")));
-            }
-            println!("revoked {id}");
+        Command::Tenant(_) | Command::Key(_) | Command::Config(_) | Command::Policy(_) => {
+            unreachable!("admin commands are run above")
         }
         Command::Export { format } => {
             let format = format.parse().map_err(usage)?;
             println!("{}", pretty(&host.export(&tenant, format)));
-        }
-        Command::Config(ConfigCommand::Set { key, value, secret }) => {
-            let value = match value {
-                Some(value) => value,
-                None => {
-                    let mut value = String::new();
-                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
-                        .map_err(|e| usage(format!("reading the value from stdin: {e}")))?;
-                    value.trim_end_matches(['\n', '\r']).to_owned()
-                }
-            };
-            host.set_config(&tenant, &key, &value, secret)
-                .map_err(usage)?;
-            println!("set {key}{}", if secret { " (secret)" } else { "" });
-        }
-        Command::Policy(PolicyCommand::Show) => {
-            println!("{}", pretty(&*host.policy(&tenant)));
-        }
-        Command::Policy(PolicyCommand::Set { file }) => {
-            let text = if file.as_os_str() == "-" {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                    .map_err(|e| usage(format!("reading the policy from stdin: {e}")))?;
-                text
-            } else {
-                std::fs::read_to_string(&file)
-                    .map_err(|e| usage(format!("reading {}: {e}", file.display())))?
-            };
-            let policy: toolhost::TenantPolicy = serde_json::from_str(&text)
-                .map_err(|e| usage(format!("the policy is not valid: {e}")))?;
-            host.set_policy(&tenant, policy).map_err(usage)?;
-            println!("policy set for {tenant}");
-        }
-        Command::Config(ConfigCommand::List) => {
-            for (key, value) in host.config(&tenant).map_err(usage)? {
-                println!("{key} = {}", value.unwrap_or_else(|| "(secret)".into()));
-            }
-        }
-        Command::Config(ConfigCommand::Remove { key }) => {
-            if !host.remove_config(&tenant, &key).map_err(usage)? {
-                return Err(usage(format!("no config key `{key}`")));
-            }
-            println!("removed {key}");
         }
     }
     Ok(())
@@ -469,27 +471,6 @@ async fn shutdown_signal() {
         _ = terminate.recv() => {}
     }
     eprintln!("toolhost: shutting down after running requests finish");
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` from Unix milliseconds (civil-from-days, no date crate needed).
-fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
 
 fn pretty(value: &impl serde::Serialize) -> String {

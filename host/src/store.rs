@@ -227,11 +227,23 @@ impl SledStore {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(fail(&e)),
         }
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(dir.join("db"))
-            .cache_capacity(cache_bytes)
-            .open()
-            .map_err(|e| fail(&e))?;
+            .cache_capacity(cache_bytes);
+        // Our lock says no other process has the directory, so sled's own lock can only be
+        // held by a store of this process that was just dropped: its flusher thread lets go
+        // of the files a moment later.
+        let mut attempts = 0;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                Err(e) if attempts < 100 && e.to_string().contains("could not acquire lock") => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(fail(&e)),
+            }
+        };
         Self::from_db(db, Some(lock))
     }
 
