@@ -438,7 +438,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             // Tenants, keys, configuration and policies stay manageable from the CLI.
             let admin = tokio::spawn({
                 let (host, data_dir) = (host.clone(), data_dir.clone());
-                async move { toolhost::admin::serve(host, &data_dir).await }
+                async move {
+                    if let Err(e) = toolhost::admin::serve(host, &data_dir).await {
+                        eprintln!(
+                            "toolhost: warning: no admin socket in {} ({e}); stop the server to run tenant, key, config and policy commands",
+                            data_dir.display()
+                        );
+                    }
+                }
             });
             let served = toolhost::server::serve(host, listener, options, shutdown_signal()).await;
             admin.abort();
