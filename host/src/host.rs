@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -479,25 +480,6 @@ impl Host {
         self.store.put_blob(&sha, &blob)?;
         self.add_versions(tenant, SourceKind::Js, std::slice::from_ref(&spec), &sha)?;
         Ok(spec)
-    }
-
-    /// A stored JS source, parsed once.
-    fn js_source(&self, sha: &str) -> Result<Arc<JsSource>, String> {
-        let mut sources = self.js_sources.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(source) = sources.get(sha) {
-            return Ok(source.clone());
-        }
-        let bytes = self
-            .store
-            .blob(sha)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("JS source {sha} is missing from the store"))?;
-        let source: Arc<JsSource> = Arc::new(
-            serde_json::from_slice(&bytes)
-                .map_err(|e| format!("JS source {sha} is unreadable: {e}"))?,
-        );
-        sources.insert(sha.to_owned(), source.clone());
-        Ok(source)
     }
 
     /// Adds a version implemented by blob `sha` to each tool of `specs`, written together.
@@ -1092,7 +1074,11 @@ impl Host {
         helpers: &Helpers,
     ) -> Result<Value, CallError> {
         let request = self
-            .http_request(&tool.version.component)
+            .parsed_blob(
+                &self.http_requests,
+                &tool.version.component,
+                "request definition",
+            )
             .map_err(|message| CallError::Internal { message })?;
         let deadline = tokio::time::Instant::now() + limits.timeout();
         let call = crate::http_tool::call(&request, args, helpers, &self.egress, deadline);
@@ -1169,23 +1155,29 @@ impl Host {
         Ok(permissions)
     }
 
-    /// A stored HTTP request definition, parsed once.
-    fn http_request(&self, sha: &str) -> Result<Arc<HttpRequestDef>, String> {
-        let mut requests = self.http_requests.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(request) = requests.get(sha) {
-            return Ok(request.clone());
+    /// A stored JSON blob (an HTTP request definition, a JS source), parsed once and kept:
+    /// blobs are content-addressed, so a parsed one never goes stale.
+    fn parsed_blob<T: DeserializeOwned>(
+        &self,
+        cache: &Mutex<HashMap<String, Arc<T>>>,
+        sha: &str,
+        what: &str,
+    ) -> Result<Arc<T>, String> {
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(parsed) = cache.get(sha) {
+            return Ok(parsed.clone());
         }
         let bytes = self
             .store
             .blob(sha)
             .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("request definition {sha} is missing from the store"))?;
-        let request: Arc<HttpRequestDef> = Arc::new(
+            .ok_or_else(|| format!("{what} {sha} is missing from the store"))?;
+        let parsed: Arc<T> = Arc::new(
             serde_json::from_slice(&bytes)
-                .map_err(|e| format!("request definition {sha} is unreadable: {e}"))?,
+                .map_err(|e| format!("{what} {sha} is unreadable: {e}"))?,
         );
-        requests.insert(sha.to_owned(), request.clone());
-        Ok(request)
+        cache.insert(sha.to_owned(), parsed.clone());
+        Ok(parsed)
     }
 
     async fn run_wasm(
@@ -1199,10 +1191,12 @@ impl Host {
     ) -> (Result<Value, CallError>, Option<u64>) {
         // A JS tool runs its stored source on the runtime it was installed on.
         let js = match tool.version.kind {
-            SourceKind::Js => match self.js_source(&tool.version.component) {
-                Ok(js) => Some(js),
-                Err(message) => return (Err(CallError::Internal { message }), None),
-            },
+            SourceKind::Js => {
+                match self.parsed_blob(&self.js_sources, &tool.version.component, "JS source") {
+                    Ok(js) => Some(js),
+                    Err(message) => return (Err(CallError::Internal { message }), None),
+                }
+            }
             _ => None,
         };
         let component = js
