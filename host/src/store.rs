@@ -172,10 +172,10 @@ pub trait Store: Send + Sync {
     fn config_delete(&self, tenant: &str, key: &str) -> Result<bool>;
     fn config_keys(&self, tenant: &str) -> Result<Vec<String>>;
 
-    /// Records a tenant; false if it existed.
     fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>>;
     fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()>;
 
+    /// Records a tenant; false if it existed.
     fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool>;
     fn tenants(&self) -> Result<Vec<String>>;
     fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()>;
@@ -288,6 +288,16 @@ fn readable_entries(
         }
     }
     Ok(entries)
+}
+
+/// The JSON record at `key`, if any; one that does not parse is a corruption error naming it.
+fn get_json<T: serde::de::DeserializeOwned>(tree: &sled::Tree, key: &[u8]) -> Result<Option<T>> {
+    match tree.get(key)? {
+        Some(v) => serde_json::from_slice(&v)
+            .map(Some)
+            .map_err(|e| corrupt(key, e)),
+        None => Ok(None),
+    }
 }
 
 fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
@@ -421,13 +431,7 @@ impl Store for SledStore {
     }
 
     fn config_get(&self, tenant: &str, k: &str) -> Result<Option<ConfigValue>> {
-        let key = key(&[tenant, k]);
-        match self.config.get(&key)? {
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|e| corrupt(&key, e)),
-            None => Ok(None),
-        }
+        get_json(&self.config, &key(&[tenant, k]))
     }
 
     fn config_set(&self, tenant: &str, k: &str, value: &ConfigValue) -> Result<()> {
@@ -454,12 +458,7 @@ impl Store for SledStore {
     }
 
     fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>> {
-        match self.policies.get(tenant)? {
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|e| corrupt(tenant.as_bytes(), e)),
-            None => Ok(None),
-        }
+        get_json(&self.policies, tenant.as_bytes())
     }
 
     fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()> {
@@ -496,12 +495,7 @@ impl Store for SledStore {
     }
 
     fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>> {
-        match self.keys.get(key_hash)? {
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|e| corrupt(key_hash.as_bytes(), e)),
-            None => Ok(None),
-        }
+        get_json(&self.keys, key_hash.as_bytes())
     }
 
     fn keys(&self) -> Result<Vec<KeyRecord>> {
