@@ -46,6 +46,63 @@ fn policy(json: Value) -> TenantPolicy {
 }
 
 #[tokio::test]
+async fn a_call_waiting_for_approval_survives_a_restart_and_is_decided_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // The embedding app registers its tools at every start; the held calls come from the store.
+    let open = |runs: Arc<AtomicU32>| {
+        let host = Host::open(HostConfig {
+            data_dir: Some(dir.path().to_owned()),
+            ..HostConfig::default()
+        })
+        .unwrap();
+        let mut guarded = ToolSpec::new("wire_money", "Moves money.", object());
+        guarded.needs_approval = true;
+        host.natives()
+            .register(guarded, move |args, _, _| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(json!({"wired": args["n"]})) }
+            })
+            .unwrap();
+        host
+    };
+    let runs = Arc::new(AtomicU32::new(0));
+    let (approve_id, reject_id) = {
+        let host = open(runs.clone());
+        let first = call(&host, "acme", "wire_money", json!({"n": 100})).await;
+        let second = call(&host, "acme", "wire_money", json!({"n": 7})).await;
+        assert_eq!(first.code(), "approval_required");
+        (first.call_id, second.call_id)
+    };
+
+    let host = open(runs.clone());
+    let mut pending: Vec<(String, Value)> = host
+        .pending_approvals("acme")
+        .into_iter()
+        .map(|p| (p.call_id, p.args))
+        .collect();
+    pending.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut expected = vec![
+        (approve_id.clone(), json!({"n": 100})),
+        (reject_id.clone(), json!({"n": 7})),
+    ];
+    expected.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(pending, expected);
+    assert!(host.pending_approvals("globex").is_empty());
+    let approved = host.approve("acme", &approve_id).await.unwrap();
+    assert_eq!(approved.result, Ok(json!({"wired": 100})));
+    host.reject("acme", &reject_id, "no").unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    drop(host);
+
+    // Decided before the restart: neither can be decided again after it.
+    let host = open(runs.clone());
+    assert!(host.pending_approvals("acme").is_empty());
+    assert!(host.approve("acme", &approve_id).await.is_err());
+    assert!(host.approve("acme", &reject_id).await.is_err());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
 async fn allow_and_deny_lists_apply_per_tenant_and_persist() {
     let dir = tempfile::tempdir().unwrap();
     let config = || HostConfig {
@@ -174,7 +231,10 @@ async fn a_call_that_needs_approval_runs_only_once_approved() {
 
     // Another tenant cannot decide it, and cannot tell it exists.
     let foreign = host.approve("globex", call_id).await.unwrap_err();
-    assert_eq!(foreign, ApprovalError::NotPending(call_id.clone()));
+    assert!(
+        matches!(&foreign, ApprovalError::NotPending(id) if id == call_id),
+        "{foreign:?}"
+    );
 
     let approved = host.approve("acme", call_id).await.unwrap();
     assert_eq!(approved.result, Ok(json!({"wired": 100})));

@@ -1,16 +1,18 @@
 //! Calls waiting for the embedding app to approve or reject them.
 //!
-//! Held in memory: a restart drops pending calls, and their callers must ask again. Each
-//! tenant holds at most [`MAX_PENDING_PER_TENANT`], each for at most [`PENDING_TTL`].
+//! Written through to the store, so a restart keeps them: the app can still decide a call it
+//! was asked about before the restart. Each tenant holds at most [`MAX_PENDING_PER_TENANT`],
+//! each for at most [`PENDING_TTL`].
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::call::Caller;
+use crate::store::{Store, StoreError};
 
 pub const MAX_PENDING_PER_TENANT: usize = 1000;
 pub const PENDING_TTL: Duration = Duration::from_secs(3600);
@@ -25,29 +27,62 @@ pub struct PendingCall {
     pub waiting_ms: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ApprovalError {
     /// Unknown, expired, already decided, or another tenant's: all look the same.
     #[error("no call `{0}` is waiting for approval")]
     NotPending(String),
     #[error("tenant already has {MAX_PENDING_PER_TENANT} calls waiting for approval")]
     TooMany,
+    /// The decision was not recorded, so the call stays pending.
+    #[error("storage: {0}")]
+    Store(#[from] StoreError),
 }
 
-pub(crate) struct Pending {
+/// A held call as stored: everything needed to run it once approved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldCall {
     pub caller: Caller,
     pub tool: String,
     pub args: Value,
-    since: Instant,
+    /// Wall-clock milliseconds since the Unix epoch, so that the age survives a restart.
+    pub held_at_ms: u64,
 }
 
-#[derive(Default)]
+impl HeldCall {
+    fn waiting_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.held_at_ms)
+    }
+
+    fn expired(&self, now_ms: u64) -> bool {
+        self.waiting_ms(now_ms) >= PENDING_TTL.as_millis() as u64
+    }
+}
+
 pub(crate) struct Approvals {
-    /// By call id.
-    pending: Mutex<HashMap<String, Pending>>,
+    store: Arc<dyn Store>,
+    /// By call id; the same as the store's records, read once at start.
+    pending: Mutex<HashMap<String, HeldCall>>,
 }
 
 impl Approvals {
+    /// The calls the store holds, less those that expired while the host was down.
+    pub fn load(store: Arc<dyn Store>) -> Result<Self, StoreError> {
+        let now = now_ms();
+        let mut pending = HashMap::new();
+        for (call_id, held) in store.held_calls()? {
+            if held.expired(now) {
+                store.held_call_remove(&call_id)?;
+            } else {
+                pending.insert(call_id, held);
+            }
+        }
+        Ok(Approvals {
+            store,
+            pending: Mutex::new(pending),
+        })
+    }
+
     pub fn hold(
         &self,
         call_id: &str,
@@ -55,52 +90,121 @@ impl Approvals {
         tool: &str,
         args: Value,
     ) -> Result<(), ApprovalError> {
+        let now = now_ms();
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.retain(|_, p| p.since.elapsed() < PENDING_TTL);
+        let expired: Vec<String> = pending
+            .iter()
+            .filter(|(_, held)| held.expired(now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            // Dropped from memory only once the store has let go, so the two stay the same.
+            self.store.held_call_remove(&id)?;
+            pending.remove(&id);
+        }
         let of_tenant = pending
             .values()
-            .filter(|p| p.caller.tenant == caller.tenant)
+            .filter(|held| held.caller.tenant == caller.tenant)
             .count();
         if of_tenant >= MAX_PENDING_PER_TENANT {
             return Err(ApprovalError::TooMany);
         }
-        pending.insert(
-            call_id.to_owned(),
-            Pending {
-                caller: caller.clone(),
-                tool: tool.to_owned(),
-                args,
-                since: Instant::now(),
-            },
-        );
+        let held = HeldCall {
+            caller: caller.clone(),
+            tool: tool.to_owned(),
+            args,
+            held_at_ms: now,
+        };
+        self.store.held_call_put(call_id, &held)?;
+        pending.insert(call_id.to_owned(), held);
         Ok(())
     }
 
-    /// Removes the call, so that it is decided at most once.
-    pub fn take(&self, tenant: &str, call_id: &str) -> Result<Pending, ApprovalError> {
+    /// Removes the call, so that it is decided at most once, also across a restart.
+    pub fn take(&self, tenant: &str, call_id: &str) -> Result<HeldCall, ApprovalError> {
+        let now = now_ms();
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let owned = pending
             .get(call_id)
-            .is_some_and(|p| p.caller.tenant == tenant && p.since.elapsed() < PENDING_TTL);
-        match owned.then(|| pending.remove(call_id)).flatten() {
-            Some(p) => Ok(p),
-            None => Err(ApprovalError::NotPending(call_id.to_owned())),
+            .is_some_and(|held| held.caller.tenant == tenant && !held.expired(now));
+        if !owned {
+            return Err(ApprovalError::NotPending(call_id.to_owned()));
         }
+        self.store.held_call_remove(call_id)?;
+        pending
+            .remove(call_id)
+            .ok_or_else(|| ApprovalError::NotPending(call_id.to_owned()))
     }
 
     pub fn list(&self, tenant: &str) -> Vec<PendingCall> {
+        let now = now_ms();
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let mut calls: Vec<PendingCall> = pending
             .iter()
-            .filter(|(_, p)| p.caller.tenant == tenant && p.since.elapsed() < PENDING_TTL)
-            .map(|(id, p)| PendingCall {
+            .filter(|(_, held)| held.caller.tenant == tenant && !held.expired(now))
+            .map(|(id, held)| PendingCall {
                 call_id: id.clone(),
-                tool: p.tool.clone(),
-                args: p.args.clone(),
-                waiting_ms: p.since.elapsed().as_millis() as u64,
+                tool: held.tool.clone(),
+                args: held.args.clone(),
+                waiting_ms: held.waiting_ms(now),
             })
             .collect();
-        calls.sort_by_key(|c| std::cmp::Reverse(c.waiting_ms));
+        calls.sort_by(|a, b| {
+            b.waiting_ms
+                .cmp(&a.waiting_ms)
+                .then(a.call_id.cmp(&b.call_id))
+        });
         calls
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SledStore;
+
+    #[test]
+    fn calls_that_expired_while_the_host_was_down_are_dropped_at_load() {
+        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let held = |age: Duration| HeldCall {
+            caller: Caller::tenant("acme"),
+            tool: "wire_money".into(),
+            args: Value::Null,
+            held_at_ms: now_ms() - age.as_millis() as u64,
+        };
+        store
+            .held_call_put("old", &held(PENDING_TTL + Duration::from_secs(1)))
+            .unwrap();
+        store
+            .held_call_put("fresh", &held(Duration::from_secs(60)))
+            .unwrap();
+        let approvals = Approvals::load(store.clone()).unwrap();
+        let listed: Vec<String> = approvals
+            .list("acme")
+            .into_iter()
+            .map(|p| p.call_id)
+            .collect();
+        assert_eq!(listed, ["fresh"]);
+        let stored: Vec<String> = store
+            .held_calls()
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(
+            stored,
+            ["fresh"],
+            "the expired record is gone from the store too"
+        );
+        assert!(matches!(
+            approvals.take("acme", "old"),
+            Err(ApprovalError::NotPending(_))
+        ));
     }
 }

@@ -336,6 +336,7 @@ impl Host {
         };
         let purged = store.cache_purge(now_ms())?;
         tracing::debug!(purged, "expired cached results dropped");
+        let approvals = Approvals::load(store.clone())?;
         Ok(Host {
             natives: NativeRegistry::default(),
             catalog,
@@ -350,7 +351,7 @@ impl Host {
             default_policy: Arc::new(config.default_policy),
             admission: Admission::default(),
             hooks: RwLock::default(),
-            approvals: Approvals::default(),
+            approvals,
             metrics: Metrics::default(),
             egress: Arc::new(config.egress),
             files_dir: config
@@ -979,6 +980,9 @@ impl Host {
                 {
                     Ok(()) => Err(CallError::ApprovalRequired {
                         call_id: ctx.call_id.clone(),
+                    }),
+                    Err(ApprovalError::Store(error)) => Err(CallError::Internal {
+                        message: format!("could not hold the call for approval: {error}"),
                     }),
                     Err(error) => Err(CallError::RateLimited {
                         limit: "pending approvals",

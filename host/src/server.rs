@@ -24,6 +24,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::ApprovalError;
 use crate::call::{CallError, CallOutcome, Caller};
 use crate::disclosure::{Disclosure, DisclosureConfig};
 use crate::export::Format;
@@ -497,7 +498,7 @@ async fn approve(
         .host
         .approve(&tenant, &call_id)
         .await
-        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, "not_pending", e.to_string()))?;
+        .map_err(approval_error)?;
     Ok(Json(outcome_body(outcome)))
 }
 
@@ -525,8 +526,15 @@ async fn reject(
     let outcome = app
         .host
         .reject(&tenant, &call_id, reason)
-        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, "not_pending", e.to_string()))?;
+        .map_err(approval_error)?;
     Ok(Json(outcome_body(outcome)))
+}
+
+fn approval_error(error: ApprovalError) -> ApiError {
+    match error {
+        ApprovalError::Store(_) => ApiError::internal(error),
+        _ => ApiError::new(StatusCode::NOT_FOUND, "not_pending", error.to_string()),
+    }
 }
 
 /// Prometheus metrics. No key: the page names no tenant and no tool.

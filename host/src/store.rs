@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::approval::HeldCall;
 use crate::policy::TenantPolicy;
 use crate::sandbox::hex;
 use crate::spec::ToolSpec;
@@ -183,6 +184,11 @@ pub trait Store: Send + Sync {
     fn keys(&self) -> Result<Vec<KeyRecord>>;
     /// Revokes the key with this public id; false if there was none.
     fn key_revoke(&self, id: &str) -> Result<bool>;
+
+    /// Calls waiting for approval, by call id.
+    fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()>;
+    fn held_call_remove(&self, call_id: &str) -> Result<bool>;
+    fn held_calls(&self) -> Result<Vec<(String, HeldCall)>>;
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -206,6 +212,7 @@ pub struct SledStore {
     tenants: sled::Tree,
     keys: sled::Tree,
     policies: sled::Tree,
+    held_calls: sled::Tree,
 }
 
 impl SledStore {
@@ -264,6 +271,7 @@ impl SledStore {
             tenants: db.open_tree("tenants")?,
             keys: db.open_tree("keys")?,
             policies: db.open_tree("policies")?,
+            held_calls: db.open_tree("held_calls")?,
             db,
         })
     }
@@ -465,6 +473,31 @@ impl Store for SledStore {
         let json = serde_json::to_vec(policy).expect("a policy serializes");
         self.policies.insert(tenant, json)?;
         self.flush()
+    }
+
+    fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()> {
+        let json = serde_json::to_vec(held).expect("a held call serializes");
+        self.held_calls.insert(call_id, json)?;
+        self.flush()
+    }
+
+    fn held_call_remove(&self, call_id: &str) -> Result<bool> {
+        let removed = self.held_calls.remove(call_id)?.is_some();
+        self.flush()?;
+        Ok(removed)
+    }
+
+    /// Every record that parses; an unreadable one is logged and left in place.
+    fn held_calls(&self) -> Result<Vec<(String, HeldCall)>> {
+        let mut calls = Vec::new();
+        for item in self.held_calls.iter() {
+            let (key, value) = item?;
+            match serde_json::from_slice(&value) {
+                Ok(held) => calls.push((String::from_utf8_lossy(&key).into_owned(), held)),
+                Err(e) => tracing::error!(error = %corrupt(&key, e), "held call skipped"),
+            }
+        }
+        Ok(calls)
     }
 
     fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
