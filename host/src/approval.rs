@@ -6,13 +6,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::call::Caller;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, now_ms};
 
 pub const MAX_PENDING_PER_TENANT: usize = 1000;
 pub const PENDING_TTL: Duration = Duration::from_secs(3600);
@@ -156,12 +156,6 @@ impl Approvals {
         });
         calls
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

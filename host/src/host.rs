@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -37,7 +37,7 @@ use crate::sandbox::{
 use crate::schema::ArgsValidator;
 use crate::spec::{CachePolicy, Limits, SpecError, ToolSpec, is_valid_config_key};
 use crate::store::{
-    ConfigValue, KeyRecord, SledStore, SourceKind, Store, StoreError, ToolEntry, sha256_hex,
+    ConfigValue, KeyRecord, SledStore, SourceKind, Store, StoreError, ToolEntry, now_ms, sha256_hex,
 };
 
 /// The largest JavaScript source `install_js` accepts, in bytes.
@@ -1515,12 +1515,6 @@ fn truncate(text: &str, max_chars: usize) -> String {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_owned(),
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Unique call ids: a random per-process prefix and a counter.

@@ -191,6 +191,13 @@ pub trait Store: Send + Sync {
     fn held_calls(&self) -> Result<Vec<(String, HeldCall)>>;
 }
 
+/// Wall-clock milliseconds since the Unix epoch: how stored expiries and ages are kept.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
