@@ -38,22 +38,23 @@ async fn call(host: &Host, name: &str, args: Value) -> CallOutcome {
     host.call(&Caller::tenant("acme"), name, args).await
 }
 
+/// Both word-count examples, JS source and JS component, must answer exactly this.
+async fn assert_counts_the_cat_and_the_hat(host: &Host, tool: &str) {
+    let out = call(host, tool, json!({"text": "the cat and the hat"})).await;
+    assert_eq!(
+        out.result,
+        Ok(json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}})),
+        "{tool}"
+    );
+    assert_eq!(out.log.lines[0].message, "counted 5 words for acme");
+}
+
 #[tokio::test]
 async fn the_example_installs_and_answers_at_once() {
     let host = host_in(None);
     let spec = host.install_js("acme", &example()).await.unwrap();
     assert_eq!(spec.name, "js_word_count");
-    let out = call(
-        &host,
-        "js_word_count",
-        json!({"text": "the cat and the hat"}),
-    )
-    .await;
-    assert_eq!(
-        out.result,
-        Ok(json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}}))
-    );
-    assert_eq!(out.log.lines[0].message, "counted 5 words for acme");
+    assert_counts_the_cat_and_the_hat(&host, "js_word_count").await;
     // The schema from `spec` is enforced before any JS runs.
     let bad = call(&host, "js_word_count", json!({"txt": 1})).await;
     assert_eq!(bad.code(), "invalid_args");
@@ -225,17 +226,7 @@ async fn a_component_built_by_the_js_sdk_installs_runs_and_restarts_from_its_art
         let specs = host.install("acme", component).await.unwrap();
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["js_component_word_count", "js_component_fail"]);
-        let out = call(
-            &host,
-            "js_component_word_count",
-            json!({"text": "the cat and the hat"}),
-        )
-        .await;
-        assert_eq!(
-            out.result,
-            Ok(json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}}))
-        );
-        assert_eq!(out.log.lines[0].message, "counted 5 words for acme");
+        assert_counts_the_cat_and_the_hat(&host, "js_component_word_count").await;
         let out = call(&host, "js_component_fail", json!({"why": "testing"})).await;
         let Err(CallError::Tool(ToolError::Failed(message))) = &out.result else {
             panic!("expected a tool error, got {:?}", out.result);

@@ -452,48 +452,32 @@ async fn probe_host() -> Arc<Host> {
     host
 }
 
+/// What `probe`'s `call_tool` answers for `acme` when it calls `name` with `arguments`.
+async fn nested_call(host: &Host, name: &str, arguments: Value) -> Result<Value, CallError> {
+    let args = json!({"name": name, "arguments": arguments});
+    call(host, "acme", "call_tool", args).await.result
+}
+
+/// The error a nested call reported to its caller.
+async fn nested_error(host: &Host, name: &str, arguments: Value) -> String {
+    let value = nested_call(host, name, arguments).await.unwrap();
+    value["error"].as_str().unwrap().to_owned()
+}
+
 #[tokio::test]
 async fn a_guest_calls_another_tool_of_its_tenant_through_the_pipeline() {
     let host = probe_host().await;
-    let nested = |name: &str, arguments: Value| json!({"name": name, "arguments": arguments});
-    let out = call(
-        &host,
-        "acme",
-        "call_tool",
-        nested("count", json!({"key": "k"})),
-    )
-    .await;
-    assert_eq!(out.result, Ok(json!({"ok": 1})));
+    let out = nested_call(&host, "count", json!({"key": "k"})).await;
+    assert_eq!(out, Ok(json!({"ok": 1})));
     // Another tenant's tool does not exist from here; bad arguments are caught by the schema.
-    let out = call(
-        &host,
-        "acme",
-        "call_tool",
-        nested("text_stats", json!({"text": "a"})),
-    )
-    .await;
-    let error = out.result.unwrap()["error"].as_str().unwrap().to_owned();
+    let error = nested_error(&host, "text_stats", json!({"text": "a"})).await;
     assert!(error.starts_with("not_found: "), "{error}");
-    let out = call(
-        &host,
-        "acme",
-        "call_tool",
-        nested("count", json!({"key": 5})),
-    )
-    .await;
-    let error = out.result.unwrap()["error"].as_str().unwrap().to_owned();
+    let error = nested_error(&host, "count", json!({"key": 5})).await;
     assert!(error.starts_with("invalid_args: "), "{error}");
     // The tenant's policy applies to nested calls too.
     host.set_policy("acme", policy(json!({"deny": ["count"]})))
         .unwrap();
-    let out = call(
-        &host,
-        "acme",
-        "call_tool",
-        nested("count", json!({"key": "k"})),
-    )
-    .await;
-    let error = out.result.unwrap()["error"].as_str().unwrap().to_owned();
+    let error = nested_error(&host, "count", json!({"key": "k"})).await;
     assert!(error.starts_with("denied: "), "{error}");
 }
 
