@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use toolhost::disclosure::{
     Disclosure, DisclosureConfig, Mode, TOOL_CALL, TOOL_DESCRIBE, TOOL_SEARCH,
 };
+use toolhost::encoder::SentenceEncoder;
 use toolhost::{CallError, Caller, Host, HostConfig, ToolSpec};
 
 async fn host() -> Arc<Host> {
@@ -262,5 +263,130 @@ async fn search_sees_tools_installed_or_registered_after_the_index_was_built() {
             .iter()
             .all(|r| r["name"] != "word_frequency"),
         "{after}"
+    );
+}
+
+/// The contextual search model, which `scripts/test` fetches and names in
+/// TOOLHOST_SEARCH_MODEL. A bare `cargo test` without it skips the tests that need it, saying so.
+fn search_model() -> Option<Arc<SentenceEncoder>> {
+    let Some(dir) = std::env::var_os("TOOLHOST_SEARCH_MODEL") else {
+        eprintln!("skipped: TOOLHOST_SEARCH_MODEL is not set (see scripts/fetch-search-model)");
+        return None;
+    };
+    let encoder = SentenceEncoder::load(dir.as_ref()).expect("TOOLHOST_SEARCH_MODEL loads");
+    Some(Arc::new(encoder))
+}
+
+#[test]
+fn the_contextual_encoder_agrees_with_a_reference_implementation() {
+    let Some(encoder) = search_model() else {
+        return;
+    };
+    // The reference: the same weights run in numpy (float32, exact GELU) on the same texts.
+    let home = encoder.encode("how much is my apartment worth");
+    let value = encoder.encode("estimate the market value of a property");
+    let disk = encoder.encode("check disk storage usage");
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    assert_eq!(home.len(), encoder.dimensions());
+    assert!((dot(&home, &home) - 1.0).abs() < 1e-4);
+    for (got, want) in [
+        (dot(&home, &value), 0.397_20),
+        (dot(&home, &disk), 0.115_49),
+        (home[0], 0.087_31),
+        (home[1], 0.006_95),
+        (home[2], -0.015_24),
+        (home[3], 0.053_12),
+    ] {
+        assert!(
+            (got - want).abs() < 1e-3,
+            "{got} against the reference {want}"
+        );
+    }
+}
+
+/// Queries from the evaluation set that the static ranking misses (`cargo bench --bench
+/// search` lists them), with the tool each asks for.
+const PHRASE_QUERIES: [(&str, &str); 5] = [
+    ("what is Apple trading at right now", "stocks_quote"),
+    ("when do Arsenal play next", "sports_fixtures"),
+    ("show my salary slip for March", "hr_payslip"),
+    (
+        "shut down the staging VM to save money",
+        "cloud_stop_instance",
+    ),
+    (
+        "how much is my apartment worth",
+        "realestate_estimate_value",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_search_model_tool_search_finds_what_the_static_ranking_misses() {
+    let Some(encoder) = search_model() else {
+        return;
+    };
+    let set: Value =
+        serde_json::from_str(include_str!("../host/benches/data/search-eval.json")).unwrap();
+    let host = Arc::new(Host::open(HostConfig::default()).unwrap());
+    // The queries' domains and those of the static ranking's wrong answers: 100 tools, so
+    // that a debug build encodes them in seconds.
+    let domains = [
+        "stocks",
+        "sports",
+        "hr",
+        "cloud",
+        "realestate",
+        "analytics",
+        "music",
+        "recruiting",
+        "currency",
+        "files",
+    ];
+    for tool in set["tools"].as_array().unwrap() {
+        let name = tool["name"].as_str().unwrap();
+        if !domains.iter().any(|d| name.starts_with(&format!("{d}_"))) {
+            continue;
+        }
+        let spec = ToolSpec::new(
+            name,
+            tool["description"].as_str().unwrap(),
+            tool["parameters"].clone(),
+        );
+        host.natives()
+            .register(spec, |_, _, _| async { Ok(Value::Null) })
+            .unwrap();
+    }
+    let found = |disclosure: Disclosure| async move {
+        let mut found = 0;
+        for (query, expected) in PHRASE_QUERIES {
+            let hits = disclosure
+                .call(
+                    &Caller::tenant("acme"),
+                    TOOL_SEARCH,
+                    json!({"query": query}),
+                )
+                .await
+                .unwrap();
+            let hits = hits["results"].as_array().unwrap();
+            found += usize::from(hits.iter().any(|h| h["name"] == expected));
+        }
+        found
+    };
+    let config = DisclosureConfig {
+        enabled: Mode::On,
+        ..DisclosureConfig::default()
+    };
+    let with_model = DisclosureConfig {
+        search_model: Some(encoder),
+        ..config.clone()
+    };
+    let without = found(Disclosure::new(host.clone(), config)).await;
+    assert!(
+        without < 3,
+        "static ranking found {without}: pick queries it misses"
+    );
+    assert_eq!(
+        found(Disclosure::new(host, with_model)).await,
+        PHRASE_QUERIES.len()
     );
 }

@@ -753,3 +753,22 @@ async fn the_cli_manages_tenants_keys_and_policies_while_the_server_runs() {
         "and the CLI opens the store itself again"
     );
 }
+
+/// A search model that cannot load stops `serve` before it listens, naming the file at fault.
+#[test]
+fn serve_refuses_a_search_model_it_cannot_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::write(model.join("config.json"), r#"{"model_type": "gpt2"}"#).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--search-model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("search model: config.json"), "{stderr}");
+}

@@ -52,6 +52,11 @@ impl Embeddings {
         })
     }
 
+    /// How many pieces the vocabulary has.
+    pub fn vocabulary_size(&self) -> usize {
+        self.scales.len()
+    }
+
     /// BERT's uncased word pieces: lower-cased words split at whitespace and punctuation, each
     /// word matched greedily, longest piece first, continuations marked `##`.
     pub fn pieces(&self, text: &str) -> Vec<u32> {

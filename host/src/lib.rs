@@ -21,6 +21,7 @@ pub mod clip;
 pub mod disclosure;
 pub mod egress;
 pub mod embed;
+pub mod encoder;
 pub mod export;
 pub mod helpers;
 pub mod hooks;

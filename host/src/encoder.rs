@@ -1,0 +1,494 @@
+//! An optional contextual sentence encoder for tool search: a BERT model in the layout of
+//! sentence-transformers' all-MiniLM-L6-v2 (`config.json` + `model.safetensors`), run on the
+//! CPU, mean-pooled and normalised. It ranks far better than the static embeddings of
+//! `embed.rs` (the misses there need a phrase read as a whole) and costs milliseconds per
+//! query instead of microseconds, so it is opt-in: `toolhost serve --search-model DIR`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use serde::Deserialize;
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::embed::Embeddings;
+
+/// `[CLS]` and `[SEP]` in BERT's uncased vocabulary, which `embed.rs` also uses.
+const CLS: u32 = 101;
+const SEP: u32 = 102;
+/// The length the model was trained with; longer texts are cut.
+const MAX_TOKENS: usize = 256;
+/// Vectors kept for texts already seen, so a catalog change re-encodes only what changed.
+const CACHE_ENTRIES: usize = 100_000;
+
+#[derive(Debug, Error)]
+pub enum EncoderError {
+    #[error("search model: cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("search model: {0}")]
+    Format(String),
+}
+
+#[derive(Deserialize)]
+struct Config {
+    model_type: String,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    max_position_embeddings: usize,
+    vocab_size: usize,
+    #[serde(default = "default_eps")]
+    layer_norm_eps: f32,
+    #[serde(default)]
+    hidden_act: String,
+}
+
+fn default_eps() -> f32 {
+    1e-12
+}
+
+/// A dense layer: `weight` is `outputs × inputs`, row-major, as PyTorch stores it.
+struct Linear {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    inputs: usize,
+    outputs: usize,
+}
+
+struct Norm {
+    gain: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+struct Layer {
+    /// Query, key and value projections stacked, so one product computes all three.
+    qkv: Linear,
+    attention_out: Linear,
+    attention_norm: Norm,
+    intermediate: Linear,
+    output: Linear,
+    output_norm: Norm,
+}
+
+pub struct SentenceEncoder {
+    hidden: usize,
+    heads: usize,
+    eps: f32,
+    max_tokens: usize,
+    words: Vec<f32>,
+    positions: Vec<f32>,
+    token_type: Vec<f32>,
+    embedding_norm: Norm,
+    layers: Vec<Layer>,
+    cache: Mutex<HashMap<u64, Arc<[f32]>>>,
+}
+
+impl fmt::Debug for SentenceEncoder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentenceEncoder")
+            .field("hidden", &self.hidden)
+            .field("layers", &self.layers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SentenceEncoder {
+    /// Loads `dir/config.json` and `dir/model.safetensors`. The vocabulary must be BERT's
+    /// uncased one (30 522 pieces), which the static embeddings already carry.
+    pub fn load(dir: &Path) -> Result<Self, EncoderError> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read(&path).map_err(|source| EncoderError::Read {
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        let config: Config = serde_json::from_slice(&read("config.json")?)
+            .map_err(|e| EncoderError::Format(format!("config.json: {e}")))?;
+        if config.model_type != "bert" || !config.hidden_act.starts_with("gelu") {
+            return Err(EncoderError::Format(format!(
+                "config.json: model_type {:?} with hidden_act {:?}; only BERT with GELU is supported",
+                config.model_type, config.hidden_act
+            )));
+        }
+        if config.vocab_size != Embeddings::get().vocabulary_size()
+            || config.num_attention_heads == 0
+            || !config
+                .hidden_size
+                .is_multiple_of(config.num_attention_heads)
+            || config.max_position_embeddings < 2
+        {
+            return Err(EncoderError::Format(format!(
+                "config.json: vocab_size {} (must be BERT uncased's {}), hidden_size {} over {} heads, {} positions",
+                config.vocab_size,
+                Embeddings::get().vocabulary_size(),
+                config.hidden_size,
+                config.num_attention_heads,
+                config.max_position_embeddings
+            )));
+        }
+        let mut tensors = Tensors::parse(read("model.safetensors")?)?;
+        let h = config.hidden_size;
+        let linear = |t: &mut Tensors, name: &str, inputs: usize, outputs: usize| {
+            Ok::<_, EncoderError>(Linear {
+                weight: t.take(&format!("{name}.weight"), &[outputs, inputs])?,
+                bias: t.take(&format!("{name}.bias"), &[outputs])?,
+                inputs,
+                outputs,
+            })
+        };
+        let norm = |t: &mut Tensors, name: &str| {
+            Ok::<_, EncoderError>(Norm {
+                gain: t.take(&format!("{name}.weight"), &[h])?,
+                bias: t.take(&format!("{name}.bias"), &[h])?,
+            })
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("encoder.layer.{i}");
+            let mut qkv = linear(&mut tensors, &format!("{p}.attention.self.query"), h, h)?;
+            for part in ["key", "value"] {
+                let more = linear(&mut tensors, &format!("{p}.attention.self.{part}"), h, h)?;
+                qkv.weight.extend(more.weight);
+                qkv.bias.extend(more.bias);
+                qkv.outputs += h;
+            }
+            layers.push(Layer {
+                qkv,
+                attention_out: linear(&mut tensors, &format!("{p}.attention.output.dense"), h, h)?,
+                attention_norm: norm(&mut tensors, &format!("{p}.attention.output.LayerNorm"))?,
+                intermediate: linear(
+                    &mut tensors,
+                    &format!("{p}.intermediate.dense"),
+                    h,
+                    config.intermediate_size,
+                )?,
+                output: linear(
+                    &mut tensors,
+                    &format!("{p}.output.dense"),
+                    config.intermediate_size,
+                    h,
+                )?,
+                output_norm: norm(&mut tensors, &format!("{p}.output.LayerNorm"))?,
+            });
+        }
+        let max_positions = config.max_position_embeddings;
+        Ok(SentenceEncoder {
+            hidden: h,
+            heads: config.num_attention_heads,
+            eps: config.layer_norm_eps,
+            max_tokens: MAX_TOKENS.min(max_positions),
+            words: tensors.take("embeddings.word_embeddings.weight", &[config.vocab_size, h])?,
+            positions: tensors
+                .take("embeddings.position_embeddings.weight", &[max_positions, h])?,
+            token_type: tensors.take_rows("embeddings.token_type_embeddings.weight", h, 1)?,
+            embedding_norm: norm(&mut tensors, "embeddings.LayerNorm")?,
+            layers,
+            cache: Mutex::default(),
+        })
+    }
+
+    pub fn dimensions(&self) -> usize {
+        self.hidden
+    }
+
+    /// The unit vector of `text`, from the cache when the same text was encoded before.
+    pub fn encode_cached(&self, text: &str) -> Arc<[f32]> {
+        let mut hasher = DefaultHasher::new();
+        text.hash(&mut hasher);
+        let key = hasher.finish();
+        let lock = || self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = lock().get(&key) {
+            return v.clone();
+        }
+        let v: Arc<[f32]> = self.encode(text).into();
+        let mut cache = lock();
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(key, v.clone());
+        v
+    }
+
+    /// The unit vector of `text`: the mean of the last layer's token states.
+    pub fn encode(&self, text: &str) -> Vec<f32> {
+        let mut ids = vec![CLS];
+        ids.extend(Embeddings::get().pieces(text));
+        ids.truncate(self.max_tokens - 1);
+        ids.push(SEP);
+        let h = self.hidden;
+        let n = ids.len();
+        let mut x = vec![0.0_f32; n * h];
+        for (t, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            let row = &mut x[t * h..(t + 1) * h];
+            let word = &self.words[id * h..(id + 1) * h];
+            let position = &self.positions[t * h..(t + 1) * h];
+            for i in 0..h {
+                row[i] = word[i] + position[i] + self.token_type[i];
+            }
+        }
+        layer_norm(&mut x, &self.embedding_norm, self.eps);
+        for layer in &self.layers {
+            self.layer(layer, &mut x, n);
+        }
+        let mut pooled = vec![0.0_f32; h];
+        for row in x.chunks_exact(h) {
+            pooled.iter_mut().zip(row).for_each(|(p, v)| *p += v);
+        }
+        let norm = pooled.iter().map(|v| v * v).sum::<f32>().sqrt();
+        if norm > 0.0 {
+            pooled.iter_mut().for_each(|v| *v /= norm);
+        }
+        pooled
+    }
+
+    fn layer(&self, layer: &Layer, x: &mut [f32], n: usize) {
+        let h = self.hidden;
+        let head = h / self.heads;
+        let qkv = layer.qkv.apply(x, n);
+        let mut context = vec![0.0_f32; n * h];
+        let scale = 1.0 / (head as f32).sqrt();
+        let mut weights = vec![0.0_f32; n];
+        for hd in 0..self.heads {
+            let at = |t: usize, part: usize| {
+                let start = t * 3 * h + part * h + hd * head;
+                &qkv[start..start + head]
+            };
+            for i in 0..n {
+                let q = at(i, 0);
+                for (j, w) in weights.iter_mut().enumerate() {
+                    *w = q.iter().zip(at(j, 1)).map(|(a, b)| a * b).sum::<f32>() * scale;
+                }
+                softmax(&mut weights);
+                let out = &mut context[i * h + hd * head..i * h + (hd + 1) * head];
+                for (j, &w) in weights.iter().enumerate() {
+                    out.iter_mut().zip(at(j, 2)).for_each(|(o, v)| *o += w * v);
+                }
+            }
+        }
+        let attended = layer.attention_out.apply(&context, n);
+        x.iter_mut().zip(&attended).for_each(|(a, b)| *a += b);
+        layer_norm(x, &layer.attention_norm, self.eps);
+        let mut inner = layer.intermediate.apply(x, n);
+        inner.iter_mut().for_each(|v| *v = gelu(*v));
+        let out = layer.output.apply(&inner, n);
+        x.iter_mut().zip(&out).for_each(|(a, b)| *a += b);
+        layer_norm(x, &layer.output_norm, self.eps);
+    }
+}
+
+impl Linear {
+    /// `x · weightᵀ + bias` for `n` rows of `x`, by matrixmultiply's kernels (which pick
+    /// AVX2 and FMA at run time; the baseline target has only SSE2).
+    fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let mut out: Vec<f32> = self
+            .bias
+            .iter()
+            .copied()
+            .cycle()
+            .take(n * self.outputs)
+            .collect();
+        // SAFETY: the slices hold n × inputs, outputs × inputs and n × outputs floats, which
+        // are the shapes and strides given.
+        unsafe {
+            matrixmultiply::sgemm(
+                n,
+                self.inputs,
+                self.outputs,
+                1.0,
+                x.as_ptr(),
+                self.inputs as isize,
+                1,
+                self.weight.as_ptr(),
+                1,
+                self.inputs as isize,
+                1.0,
+                out.as_mut_ptr(),
+                self.outputs as isize,
+                1,
+            );
+        }
+        out
+    }
+}
+
+fn layer_norm(x: &mut [f32], norm: &Norm, eps: f32) {
+    let h = norm.gain.len();
+    for row in x.chunks_exact_mut(h) {
+        let mean = row.iter().sum::<f32>() / h as f32;
+        let variance = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
+        let inv = 1.0 / (variance + eps).sqrt();
+        for ((v, g), b) in row.iter_mut().zip(&norm.gain).zip(&norm.bias) {
+            *v = (*v - mean) * inv * g + b;
+        }
+    }
+}
+
+fn softmax(v: &mut [f32]) {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for x in v.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    v.iter_mut().for_each(|x| *x /= sum);
+}
+
+/// BERT's GELU, `x · Φ(x)`, with erf from Abramowitz and Stegun 7.1.26 (error under 1.5e-7).
+fn gelu(x: f32) -> f32 {
+    let z = f64::from(x) / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.327_591_1 * z.abs());
+    let poly = t
+        * (0.254_829_592
+            + t * (-0.284_496_736
+                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    let erf = (1.0 - poly * (-z * z).exp()).copysign(z);
+    (0.5 * f64::from(x) * (1.0 + erf)) as f32
+}
+
+/// The f32 tensors of a safetensors file, by name.
+struct Tensors {
+    data: Vec<u8>,
+    start: usize,
+    entries: HashMap<String, (Vec<usize>, usize, usize)>,
+}
+
+impl Tensors {
+    fn parse(data: Vec<u8>) -> Result<Self, EncoderError> {
+        let bad = |what: &str| EncoderError::Format(format!("model.safetensors: {what}"));
+        let length = data
+            .get(..8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+            .ok_or_else(|| bad("shorter than its header"))?;
+        let start = 8_usize
+            .checked_add(length)
+            .filter(|&end| end <= data.len())
+            .ok_or_else(|| bad("header runs past the end"))?;
+        let header: HashMap<String, Value> =
+            serde_json::from_slice(&data[8..start]).map_err(|e| bad(&format!("header: {e}")))?;
+        let mut entries = HashMap::new();
+        for (name, entry) in header {
+            if name == "__metadata__" || entry["dtype"] != "F32" {
+                continue;
+            }
+            let shape: Vec<usize> = serde_json::from_value(entry["shape"].clone())
+                .map_err(|_| bad(&format!("{name}: shape")))?;
+            let [from, to]: [usize; 2] = serde_json::from_value(entry["data_offsets"].clone())
+                .map_err(|_| bad(&format!("{name}: data_offsets")))?;
+            let fits = from <= to
+                && start.checked_add(to).is_some_and(|end| end <= data.len())
+                && (to - from) == shape.iter().product::<usize>() * 4;
+            if !fits {
+                return Err(bad(&format!(
+                    "{name}: offsets disagree with its shape or the file"
+                )));
+            }
+            entries.insert(name, (shape, from, to));
+        }
+        Ok(Tensors {
+            data,
+            start,
+            entries,
+        })
+    }
+
+    /// The tensor `name` (with or without a `bert.` prefix), which must have `shape`.
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EncoderError> {
+        let (found, from, to) = self
+            .entries
+            .remove(name)
+            .or_else(|| self.entries.remove(&format!("bert.{name}")))
+            .ok_or_else(|| {
+                EncoderError::Format(format!("model.safetensors: no f32 tensor {name}"))
+            })?;
+        if found != shape {
+            return Err(EncoderError::Format(format!(
+                "model.safetensors: {name} has shape {found:?}, expected {shape:?}"
+            )));
+        }
+        Ok(self.data[self.start + from..self.start + to]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    /// The first `rows` rows of the `? × width` tensor `name`.
+    fn take_rows(
+        &mut self,
+        name: &str,
+        width: usize,
+        rows: usize,
+    ) -> Result<Vec<f32>, EncoderError> {
+        let shape = self
+            .entries
+            .get(name)
+            .or_else(|| self.entries.get(&format!("bert.{name}")))
+            .map(|e| e.0.clone())
+            .unwrap_or_default();
+        if shape.len() != 2 || shape[1] != width || shape[0] < rows {
+            return Err(EncoderError::Format(format!(
+                "model.safetensors: {name} has shape {shape:?}, expected at least [{rows}, {width}]"
+            )));
+        }
+        let mut all = self.take(name, &shape)?;
+        all.truncate(rows * width);
+        Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gelu_matches_its_definition_at_known_points() {
+        // x · Φ(x): Φ(1) = 0.841345, Φ(-1) = 0.158655, Φ(0) = 0.5.
+        assert!((gelu(1.0) - 0.841_345).abs() < 1e-5);
+        assert!((gelu(-1.0) + 0.158_655).abs() < 1e-5);
+        assert_eq!(gelu(0.0), 0.0);
+        assert!((gelu(6.0) - 6.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn a_damaged_model_file_is_an_error_that_says_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = SentenceEncoder::load(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("config.json"), "{err}");
+
+        let config = r#"{"model_type":"bert","hidden_size":4,"num_hidden_layers":1,
+            "num_attention_heads":2,"intermediate_size":8,"max_position_embeddings":8,
+            "vocab_size":30522,"hidden_act":"gelu"}"#;
+        let no_positions = config.replace(
+            "\"max_position_embeddings\":8",
+            "\"max_position_embeddings\":0",
+        );
+        std::fs::write(dir.path().join("config.json"), no_positions).unwrap();
+        let err = SentenceEncoder::load(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("0 positions"), "{err}");
+
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        for (bytes, expected) in [
+            (b"\x05\x00".to_vec(), "shorter than its header"),
+            (
+                [&200_u64.to_le_bytes()[..], b"{}"].concat(),
+                "header runs past the end",
+            ),
+            (
+                [&2_u64.to_le_bytes()[..], b"{}"].concat(),
+                "no f32 tensor encoder.layer.0.attention.self.query.weight",
+            ),
+        ] {
+            std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
+            let err = SentenceEncoder::load(dir.path()).unwrap_err();
+            assert!(err.to_string().contains(expected), "{err}");
+        }
+    }
+}
