@@ -1,5 +1,6 @@
 //! Progressive disclosure: for large catalogs an agent sees `tool_search`, `tool_describe` and
-//! `tool_call` instead of every schema, and finds tools by ranked search (BM25).
+//! `tool_call` instead of every schema, and finds tools by ranked search: BM25 blended with
+//! static embeddings, or with a contextual model when one is configured (`encoder.rs`).
 //!
 //! `tool_call` goes through [`Host::call`], so validation, limits and every other step of the
 //! pipeline apply exactly as to a direct call.
