@@ -390,3 +390,54 @@ async fn with_a_search_model_tool_search_finds_what_the_static_ranking_misses() 
         PHRASE_QUERIES.len()
     );
 }
+
+/// Tool vectors are kept in sled beside the catalog: after a restart, only the query is encoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_reuses_the_stored_search_vectors() {
+    let Some(first_encoder) = search_model() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        Arc::new(
+            Host::open(HostConfig {
+                data_dir: Some(dir.path().to_owned()),
+                ..HostConfig::default()
+            })
+            .unwrap(),
+        )
+    };
+    let search = |host: Arc<Host>, encoder: Arc<SentenceEncoder>| async move {
+        let config = DisclosureConfig {
+            enabled: Mode::On,
+            search_model: Some(encoder),
+            ..DisclosureConfig::default()
+        };
+        let found = Disclosure::new(host, config)
+            .call(
+                &Caller::tenant("acme"),
+                TOOL_SEARCH,
+                json!({"query": "how many kilometres is 3 miles"}),
+            )
+            .await
+            .unwrap();
+        found["results"][0]["name"].clone()
+    };
+
+    let host = open();
+    host.install("acme", plugin("unit_convert")).await.unwrap();
+    let tools = host.list("acme").len() as u64;
+    assert_eq!(search(host, first_encoder.clone()).await, "convert_units");
+    assert_eq!(
+        first_encoder.encoded(),
+        tools + 1,
+        "each tool, then the query"
+    );
+
+    let restarted_encoder = search_model().unwrap();
+    assert_eq!(
+        search(open(), restarted_encoder.clone()).await,
+        "convert_units"
+    );
+    assert_eq!(restarted_encoder.encoded(), 1, "only the query");
+}

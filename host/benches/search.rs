@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::Value;
 use toolhost::ToolSpec;
-use toolhost::disclosure::{Index, tokens};
+use toolhost::disclosure::{Index, ToolVectors, tokens};
 use toolhost::encoder::SentenceEncoder;
 
 #[derive(Deserialize)]
@@ -196,7 +196,8 @@ fn main() {
 fn contextual(set: &EvalSet, specs: &[ToolSpec], encoder: std::sync::Arc<SentenceEncoder>) {
     let position = |name: &str| specs.iter().position(|s| s.name == name).unwrap();
     let start = Instant::now();
-    let index = Index::build_contextual(specs, encoder.clone());
+    let vectors = ToolVectors::new(encoder, None);
+    let index = Index::build_contextual(specs, &vectors);
     let per_tool = start.elapsed() / specs.len() as u32;
     println!();
     println!("{:<34} {:>9} {:>9}", "", "recall@1", "recall@5");
@@ -226,10 +227,10 @@ fn contextual(set: &EvalSet, specs: &[ToolSpec], encoder: std::sync::Arc<Sentenc
     }
     println!("misses in the top 5:\n{}", misses.join("\n"));
 
-    // The set 20 times over with its texts unchanged, so its vectors come from the encoder's
-    // cache; encoding was timed above.
+    // The set 20 times over with its texts unchanged, so its vectors come from memory;
+    // encoding was timed above.
     let large: Vec<ToolSpec> = (0..20).flat_map(|_| specs.iter().cloned()).collect();
-    let large_index = Index::build_contextual(&large, encoder);
+    let large_index = Index::build_contextual(&large, &vectors);
     let mut samples = Vec::new();
     for _ in 0..4 {
         for q in &set.queries {

@@ -16,6 +16,7 @@ use crate::embed::{DIMS, Embeddings, normalize};
 use crate::encoder::SentenceEncoder;
 use crate::host::Host;
 use crate::spec::ToolSpec;
+use crate::store::{Store, sha256_hex};
 
 pub const TOOL_SEARCH: &str = "tool_search";
 pub const TOOL_DESCRIBE: &str = "tool_describe";
@@ -75,6 +76,8 @@ pub struct Disclosure {
     config: DisclosureConfig,
     /// Each tenant's search index, with the host generation it was built at.
     indexes: Mutex<HashMap<String, Arc<TenantIndex>>>,
+    /// With a search model: its vectors of tool texts, kept in memory and in the store.
+    tool_vectors: Option<ToolVectors>,
 }
 
 struct TenantIndex {
@@ -85,10 +88,15 @@ struct TenantIndex {
 
 impl Disclosure {
     pub fn new(host: Arc<Host>, config: DisclosureConfig) -> Self {
+        let tool_vectors = config
+            .search_model
+            .clone()
+            .map(|encoder| ToolVectors::new(encoder, Some(host.store().clone())));
         Disclosure {
             host,
             config,
             indexes: Mutex::default(),
+            tool_vectors,
         }
     }
 
@@ -102,8 +110,8 @@ impl Disclosure {
         // Built outside the lock: with a contextual encoder a build takes seconds, and other
         // tenants' searches must not wait for it.
         let specs: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
-        let index = match &self.config.search_model {
-            Some(encoder) => Index::build_contextual(&specs, encoder.clone()),
+        let index = match &self.tool_vectors {
+            Some(vectors) => Index::build_contextual(&specs, vectors),
             None => Index::build(&specs),
         };
         let built = Arc::new(TenantIndex {
@@ -302,6 +310,64 @@ pub struct Index {
     contextual: Option<Contextual>,
 }
 
+/// A search model's vectors of tool texts: from memory, else from the store, else encoded
+/// (and kept in both), so neither a catalog change nor a restart encodes a text twice.
+pub struct ToolVectors {
+    encoder: Arc<SentenceEncoder>,
+    store: Option<Arc<dyn Store>>,
+    memory: Mutex<HashMap<String, Arc<[f32]>>>,
+}
+
+/// Past this many texts in memory, the memory starts over (the store still has them).
+const MEMORY_VECTORS: usize = 100_000;
+
+impl ToolVectors {
+    pub fn new(encoder: Arc<SentenceEncoder>, store: Option<Arc<dyn Store>>) -> Self {
+        ToolVectors {
+            encoder,
+            store,
+            memory: Mutex::default(),
+        }
+    }
+
+    fn get(&self, text: &str) -> Arc<[f32]> {
+        let key = format!(
+            "{}/{}",
+            self.encoder.fingerprint(),
+            sha256_hex(text.as_bytes())
+        );
+        let memory = || self.memory.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = memory().get(&key) {
+            return v.clone();
+        }
+        let stored = self.store.as_ref().and_then(|store| {
+            store
+                .search_vector(&key)
+                .inspect_err(|error| tracing::warn!(%error, "search vector unreadable; encoding"))
+                .ok()
+                .flatten()
+                .filter(|v| v.len() == self.encoder.dimensions())
+        });
+        let vector: Arc<[f32]> = match stored {
+            Some(v) => v.into(),
+            None => {
+                let v = self.encoder.encode(text);
+                if let Some(Err(error)) = self.store.as_ref().map(|s| s.put_search_vector(&key, &v))
+                {
+                    tracing::warn!(%error, "search vector not stored");
+                }
+                v.into()
+            }
+        };
+        let mut memory = memory();
+        if memory.len() >= MEMORY_VECTORS {
+            memory.clear();
+        }
+        memory.insert(key, vector.clone());
+        vector
+    }
+}
+
 /// Each tool's vector from a contextual encoder, which also embeds the query.
 struct Contextual {
     encoder: Arc<SentenceEncoder>,
@@ -433,14 +499,17 @@ impl Index {
         }
     }
 
-    /// [`Index::build`] that ranks with `encoder`; texts it has seen are not encoded again.
-    pub fn build_contextual(specs: &[ToolSpec], encoder: Arc<SentenceEncoder>) -> Self {
+    /// [`Index::build`] that ranks with a search model's vectors.
+    pub fn build_contextual(specs: &[ToolSpec], tool_vectors: &ToolVectors) -> Self {
         let vectors = specs
             .iter()
-            .map(|s| encoder.encode_cached(&embedding_text(s)))
+            .map(|s| tool_vectors.get(&embedding_text(s)))
             .collect();
         Index {
-            contextual: Some(Contextual { encoder, vectors }),
+            contextual: Some(Contextual {
+                encoder: tool_vectors.encoder.clone(),
+                vectors,
+            }),
             ..Index::build(specs)
         }
     }

@@ -6,23 +6,21 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
 
 use crate::embed::Embeddings;
+use crate::store::sha256_hex;
 
 /// `[CLS]` and `[SEP]` in BERT's uncased vocabulary, which `embed.rs` also uses.
 const CLS: u32 = 101;
 const SEP: u32 = 102;
 /// The length the model was trained with; longer texts are cut.
 const MAX_TOKENS: usize = 256;
-/// Vectors kept for texts already seen, so a catalog change re-encodes only what changed.
-const CACHE_ENTRIES: usize = 100_000;
 
 #[derive(Debug, Error)]
 pub enum EncoderError {
@@ -87,7 +85,9 @@ pub struct SentenceEncoder {
     token_type: Vec<f32>,
     embedding_norm: Norm,
     layers: Vec<Layer>,
-    cache: Mutex<HashMap<u64, Arc<[f32]>>>,
+    /// sha256 of `model.safetensors`: stored vectors are only reused by the same weights.
+    fingerprint: String,
+    encoded: AtomicU64,
 }
 
 impl fmt::Debug for SentenceEncoder {
@@ -134,7 +134,9 @@ impl SentenceEncoder {
                 config.max_position_embeddings
             )));
         }
-        let mut tensors = Tensors::parse(read("model.safetensors")?)?;
+        let weights = read("model.safetensors")?;
+        let fingerprint = sha256_hex(&weights);
+        let mut tensors = Tensors::parse(weights)?;
         let h = config.hidden_size;
         let linear = |t: &mut Tensors, name: &str, inputs: usize, outputs: usize| {
             Ok::<_, EncoderError>(Linear {
@@ -191,7 +193,8 @@ impl SentenceEncoder {
             token_type: tensors.take_rows("embeddings.token_type_embeddings.weight", h, 1)?,
             embedding_norm: norm(&mut tensors, "embeddings.LayerNorm")?,
             layers,
-            cache: Mutex::default(),
+            fingerprint,
+            encoded: AtomicU64::new(0),
         })
     }
 
@@ -199,26 +202,18 @@ impl SentenceEncoder {
         self.hidden
     }
 
-    /// The unit vector of `text`, from the cache when the same text was encoded before.
-    pub fn encode_cached(&self, text: &str) -> Arc<[f32]> {
-        let mut hasher = DefaultHasher::new();
-        text.hash(&mut hasher);
-        let key = hasher.finish();
-        let lock = || self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(v) = lock().get(&key) {
-            return v.clone();
-        }
-        let v: Arc<[f32]> = self.encode(text).into();
-        let mut cache = lock();
-        if cache.len() >= CACHE_ENTRIES {
-            cache.clear();
-        }
-        cache.insert(key, v.clone());
-        v
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// How many texts this encoder has run over.
+    pub fn encoded(&self) -> u64 {
+        self.encoded.load(Ordering::Relaxed)
     }
 
     /// The unit vector of `text`: the mean of the last layer's token states.
     pub fn encode(&self, text: &str) -> Vec<f32> {
+        self.encoded.fetch_add(1, Ordering::Relaxed);
         let mut ids = vec![CLS];
         ids.extend(Embeddings::get().pieces(text));
         ids.truncate(self.max_tokens - 1);

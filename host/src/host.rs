@@ -368,6 +368,11 @@ impl Host {
         self.sandbox.max_component_bytes()
     }
 
+    /// Where derived data (such as search vectors) is kept beside the catalog.
+    pub(crate) fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
     /// The embedding app's trusted tools.
     pub fn natives(&self) -> &NativeRegistry {
         &self.natives

@@ -189,6 +189,11 @@ pub trait Store: Send + Sync {
     fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()>;
     fn held_call_remove(&self, call_id: &str) -> Result<bool>;
     fn held_calls(&self) -> Result<Vec<(String, HeldCall)>>;
+
+    /// A search model's vector of a tool's text, by model fingerprint and text digest.
+    fn search_vector(&self, key: &str) -> Result<Option<Vec<f32>>>;
+    /// Not flushed: a vector lost in a crash is encoded again.
+    fn put_search_vector(&self, key: &str, vector: &[f32]) -> Result<()>;
 }
 
 /// Wall-clock milliseconds since the Unix epoch: how stored expiries and ages are kept.
@@ -220,6 +225,7 @@ pub struct SledStore {
     keys: sled::Tree,
     policies: sled::Tree,
     held_calls: sled::Tree,
+    search_vectors: sled::Tree,
 }
 
 impl SledStore {
@@ -279,6 +285,7 @@ impl SledStore {
             keys: db.open_tree("keys")?,
             policies: db.open_tree("policies")?,
             held_calls: db.open_tree("held_calls")?,
+            search_vectors: db.open_tree("search_vectors")?,
             db,
         })
     }
@@ -505,6 +512,27 @@ impl Store for SledStore {
             }
         }
         Ok(calls)
+    }
+
+    fn search_vector(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        let Some(bytes) = self.search_vectors.get(key)? else {
+            return Ok(None);
+        };
+        if bytes.len() % 4 != 0 {
+            return Err(corrupt(key.as_bytes(), "not a whole number of f32"));
+        }
+        let vector = bytes.chunks_exact(4);
+        Ok(Some(
+            vector
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        ))
+    }
+
+    fn put_search_vector(&self, key: &str, vector: &[f32]) -> Result<()> {
+        let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.search_vectors.insert(key, bytes)?;
+        Ok(())
     }
 
     fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
