@@ -301,13 +301,23 @@ pub struct Index {
     postings: HashMap<String, Vec<(u32, f32)>>,
     lengths: Vec<f32>,
     average_length: f32,
-    /// One unit vector per document.
-    vectors: Vec<[f32; DIMS]>,
-    /// Inverse document frequency of each word piece in these tools' texts.
-    piece_idf: HashMap<u32, f32>,
-    /// The weight of a piece no tool has.
-    unseen_idf: f32,
-    contextual: Option<Contextual>,
+    semantic: Semantic,
+}
+
+/// One unit vector per document, and how the query is embedded in the same space.
+enum Semantic {
+    Static {
+        vectors: Vec<[f32; DIMS]>,
+        /// Inverse document frequency of each word piece in these tools' texts.
+        piece_idf: HashMap<u32, f32>,
+        /// The weight of a piece no tool has.
+        unseen_idf: f32,
+    },
+    /// A contextual encoder, which also embeds the query.
+    Contextual {
+        encoder: Arc<SentenceEncoder>,
+        vectors: Vec<Arc<[f32]>>,
+    },
 }
 
 /// A search model's vectors of tool texts: from memory, else from the store, else encoded
@@ -368,12 +378,6 @@ impl ToolVectors {
     }
 }
 
-/// Each tool's vector from a contextual encoder, which also embeds the query.
-struct Contextual {
-    encoder: Arc<SentenceEncoder>,
-    vectors: Vec<Arc<[f32]>>,
-}
-
 /// Chosen on the tuned half of the evaluation set (0.7 and 0.8 tie there).
 pub const SEMANTIC_WEIGHT: f32 = 0.7;
 /// A tool with no query word in common must be at least this similar to be a result.
@@ -428,38 +432,21 @@ fn embedding_text(spec: &ToolSpec) -> String {
 
 impl Index {
     pub fn build(specs: &[ToolSpec]) -> Self {
-        let embeddings = Embeddings::get();
-        let pieces: Vec<Vec<u32>> = specs
-            .iter()
-            .map(|s| embeddings.pieces(&embedding_text(s)))
-            .collect();
-        let mut document_frequency: HashMap<u32, u32> = HashMap::new();
-        for doc in &pieces {
-            let mut seen: Vec<u32> = doc.clone();
-            seen.sort_unstable();
-            seen.dedup();
-            for id in seen {
-                *document_frequency.entry(id).or_default() += 1;
-            }
-        }
-        let n = specs.len() as f32;
-        let idf = |df: u32| ((n + 1.0) / (df as f32 + 1.0)).ln() + 1.0;
-        let piece_idf: HashMap<u32, f32> = document_frequency
-            .into_iter()
-            .map(|(id, df)| (id, idf(df)))
-            .collect();
-        let vectors = pieces
-            .iter()
-            .map(|doc| {
-                let mut v = [0.0; DIMS];
-                for &id in doc {
-                    embeddings.accumulate(id, piece_idf[&id], &mut v);
-                }
-                normalize(&mut v);
-                v
-            })
-            .collect();
+        Index::with_semantic(specs, static_vectors(specs))
+    }
 
+    /// [`Index::build`] that ranks with a search model's vectors.
+    pub fn build_contextual(specs: &[ToolSpec], tool_vectors: &ToolVectors) -> Self {
+        let vectors = specs
+            .iter()
+            .map(|s| tool_vectors.get(&embedding_text(s)))
+            .collect();
+        let encoder = tool_vectors.encoder.clone();
+        Index::with_semantic(specs, Semantic::Contextual { encoder, vectors })
+    }
+
+    /// The BM25 postings of `specs`, beside their vectors.
+    fn with_semantic(specs: &[ToolSpec], semantic: Semantic) -> Self {
         let mut postings: HashMap<String, Vec<(u32, f32)>> = HashMap::new();
         let mut lengths = Vec::with_capacity(specs.len());
         for (doc, spec) in specs.iter().enumerate() {
@@ -492,85 +479,56 @@ impl Index {
             postings,
             lengths,
             average_length: average_length.max(1.0),
-            vectors,
-            piece_idf,
-            unseen_idf: idf(0),
-            contextual: None,
-        }
-    }
-
-    /// [`Index::build`] that ranks with a search model's vectors.
-    pub fn build_contextual(specs: &[ToolSpec], tool_vectors: &ToolVectors) -> Self {
-        let vectors = specs
-            .iter()
-            .map(|s| tool_vectors.get(&embedding_text(s)))
-            .collect();
-        Index {
-            contextual: Some(Contextual {
-                encoder: tool_vectors.encoder.clone(),
-                vectors,
-            }),
-            ..Index::build(specs)
+            semantic,
         }
     }
 
     /// The `limit` best documents for `query`, best first: (document, score).
     pub fn search(&self, query: &str, limit: usize) -> Vec<(usize, f32)> {
-        match &self.contextual {
-            Some(contextual) => self.search_contextual(contextual, query, limit),
-            None => self.search_weighted(query, limit, SEMANTIC_WEIGHT),
-        }
-    }
-
-    fn search_contextual(&self, c: &Contextual, query: &str, limit: usize) -> Vec<(usize, f32)> {
-        let lexical = self.bm25(query);
-        let best = lexical.values().copied().fold(0.0_f32, f32::max);
-        let q = c.encoder.encode(query);
-        let ranked = c
-            .vectors
-            .iter()
-            .enumerate()
-            .filter_map(|(doc, v)| {
-                let bm25 = lexical.get(&(doc as u32)).map_or(0.0, |s| s / best);
-                let cosine = dot(v, &q);
-                (bm25 > 0.0 || cosine >= MIN_CONTEXTUAL_SIMILARITY).then_some((
-                    doc,
-                    CONTEXTUAL_WEIGHT * cosine + (1.0 - CONTEXTUAL_WEIGHT) * bm25,
-                ))
-            })
-            .collect();
-        best_first(ranked, limit)
+        let weight = match self.semantic {
+            Semantic::Static { .. } => SEMANTIC_WEIGHT,
+            Semantic::Contextual { .. } => CONTEXTUAL_WEIGHT,
+        };
+        self.search_weighted(query, limit, weight)
     }
 
     /// [`Index::search`] with another weight of the semantic score: 0 is BM25 alone.
     pub fn search_weighted(&self, query: &str, limit: usize, semantic: f32) -> Vec<(usize, f32)> {
         let lexical = self.bm25(query);
         let best = lexical.values().copied().fold(0.0_f32, f32::max);
-        let embeddings = Embeddings::get();
-        let mut q = [0.0; DIMS];
-        if semantic > 0.0 {
-            for id in embeddings.pieces(query) {
-                let weight = self.piece_idf.get(&id).copied().unwrap_or(self.unseen_idf);
-                embeddings.accumulate(id, weight, &mut q);
-            }
-            normalize(&mut q);
+        if semantic <= 0.0 {
+            let ranked = lexical.iter().map(|(&doc, &s)| (doc as usize, s / best));
+            return best_first(ranked.collect(), limit);
         }
-        let ranked: Vec<(usize, f32)> = if semantic > 0.0 {
-            self.vectors
-                .iter()
-                .enumerate()
-                .filter_map(|(doc, v)| {
-                    let bm25 = lexical.get(&(doc as u32)).map_or(0.0, |s| s / best);
-                    let cosine = dot(v, &q);
-                    (bm25 > 0.0 || cosine >= MIN_SIMILARITY)
-                        .then_some((doc, semantic * cosine + (1.0 - semantic) * bm25))
-                })
-                .collect()
-        } else {
-            lexical
-                .iter()
-                .map(|(&doc, &s)| (doc as usize, s / best))
-                .collect()
+        // A document with no query word counts only when its cosine reaches the floor.
+        let blend = |cosines: &mut dyn Iterator<Item = f32>, floor: f32| {
+            let ranked = cosines.enumerate().filter_map(|(doc, cosine)| {
+                let bm25 = lexical.get(&(doc as u32)).map_or(0.0, |s| s / best);
+                (bm25 > 0.0 || cosine >= floor)
+                    .then_some((doc, semantic * cosine + (1.0 - semantic) * bm25))
+            });
+            ranked.collect()
+        };
+        let ranked = match &self.semantic {
+            Semantic::Static {
+                vectors,
+                piece_idf,
+                unseen_idf,
+            } => {
+                let embeddings = Embeddings::get();
+                let mut q = [0.0; DIMS];
+                for id in embeddings.pieces(query) {
+                    let weight = piece_idf.get(&id).copied().unwrap_or(*unseen_idf);
+                    embeddings.accumulate(id, weight, &mut q);
+                }
+                normalize(&mut q);
+                blend(&mut vectors.iter().map(|v| dot(v, &q)), MIN_SIMILARITY)
+            }
+            Semantic::Contextual { encoder, vectors } => {
+                let q = encoder.encode(query);
+                let cosines = &mut vectors.iter().map(|v| dot(v, &q));
+                blend(cosines, MIN_CONTEXTUAL_SIMILARITY)
+            }
         };
         best_first(ranked, limit)
     }
@@ -595,6 +553,46 @@ impl Index {
             }
         }
         scores
+    }
+}
+
+/// Each document's static embedding: the IDF-weighted mean of its text's word pieces.
+fn static_vectors(specs: &[ToolSpec]) -> Semantic {
+    let embeddings = Embeddings::get();
+    let pieces: Vec<Vec<u32>> = specs
+        .iter()
+        .map(|s| embeddings.pieces(&embedding_text(s)))
+        .collect();
+    let mut document_frequency: HashMap<u32, u32> = HashMap::new();
+    for doc in &pieces {
+        let mut seen: Vec<u32> = doc.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        for id in seen {
+            *document_frequency.entry(id).or_default() += 1;
+        }
+    }
+    let n = specs.len() as f32;
+    let idf = |df: u32| ((n + 1.0) / (df as f32 + 1.0)).ln() + 1.0;
+    let piece_idf: HashMap<u32, f32> = document_frequency
+        .into_iter()
+        .map(|(id, df)| (id, idf(df)))
+        .collect();
+    let vectors = pieces
+        .iter()
+        .map(|doc| {
+            let mut v = [0.0; DIMS];
+            for &id in doc {
+                embeddings.accumulate(id, piece_idf[&id], &mut v);
+            }
+            normalize(&mut v);
+            v
+        })
+        .collect();
+    Semantic::Static {
+        vectors,
+        piece_idf,
+        unseen_idf: idf(0),
     }
 }
 
