@@ -120,6 +120,7 @@ impl SentenceEncoder {
         }
         if config.vocab_size != Embeddings::get().vocabulary_size()
             || config.num_attention_heads == 0
+            || config.hidden_size == 0
             || !config
                 .hidden_size
                 .is_multiple_of(config.num_attention_heads)
@@ -380,7 +381,10 @@ impl Tensors {
                 .map_err(|_| bad(&format!("{name}: data_offsets")))?;
             let fits = from <= to
                 && start.checked_add(to).is_some_and(|end| end <= data.len())
-                && (to - from) == shape.iter().product::<usize>() * 4;
+                && shape
+                    .iter()
+                    .try_fold(4_usize, |bytes, &d| bytes.checked_mul(d))
+                    == Some(to - from);
             if !fits {
                 return Err(bad(&format!(
                     "{name}: offsets disagree with its shape or the file"
@@ -470,6 +474,7 @@ mod tests {
         assert!(err.to_string().contains("0 positions"), "{err}");
 
         std::fs::write(dir.path().join("config.json"), config).unwrap();
+        let huge = r#"{"x":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,0]}}"#;
         for (bytes, expected) in [
             (b"\x05\x00".to_vec(), "shorter than its header"),
             (
@@ -479,6 +484,10 @@ mod tests {
             (
                 [&2_u64.to_le_bytes()[..], b"{}"].concat(),
                 "no f32 tensor encoder.layer.0.attention.self.query.weight",
+            ),
+            (
+                [&huge.len().to_le_bytes()[..], huge.as_bytes()].concat(),
+                "x: offsets disagree with its shape",
             ),
         ] {
             std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
