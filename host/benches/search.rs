@@ -66,6 +66,12 @@ fn recall(rankings: &[(Vec<usize>, usize)], k: usize) -> f64 {
     hits as f64 / rankings.len() as f64
 }
 
+/// One table row: `label`, then the p50 and p99 of `sorted` in µs.
+fn latency_row(label: &str, sorted: &[Duration]) {
+    let (p50, p99) = (percentile(sorted, 50), percentile(sorted, 99));
+    println!("{label:<34} {p50:>9.1} {p99:>9.1}");
+}
+
 fn percentile(sorted: &[Duration], p: usize) -> f64 {
     sorted[(sorted.len() * p / 100).min(sorted.len() - 1)].as_secs_f64() * 1e6
 }
@@ -166,24 +172,9 @@ fn main() {
         samples.len()
     );
     println!("{:<34} {:>9} {:>9}", "", "p50 µs", "p99 µs");
-    println!(
-        "{:<34} {:>9.1} {:>9.1}",
-        "cached index, hybrid",
-        percentile(&samples, 50),
-        percentile(&samples, 99)
-    );
-    println!(
-        "{:<34} {:>9.1} {:>9.1}",
-        "peer: cached index, BM25 alone",
-        percentile(&lexical, 50),
-        percentile(&lexical, 99)
-    );
-    println!(
-        "{:<34} {:>9.1} {:>9.1}",
-        "peer: rebuild index per query",
-        percentile(&rebuild, 50),
-        percentile(&rebuild, 99)
-    );
+    latency_row("cached index, hybrid", &samples);
+    latency_row("peer: cached index, BM25 alone", &lexical);
+    latency_row("peer: rebuild index per query", &rebuild);
     println!("index build: {:.1} ms", build.as_secs_f64() * 1e3);
 
     if let Some(dir) = std::env::var_os("TOOLHOST_SEARCH_MODEL") {
@@ -242,11 +233,9 @@ fn contextual(set: &EvalSet, specs: &[ToolSpec], encoder: std::sync::Arc<Sentenc
     samples.sort();
     println!();
     println!("{:<34} {:>9} {:>9}", "", "p50 µs", "p99 µs");
-    println!(
-        "{:<34} {:>9.1} {:>9.1}",
-        format!("cached index, contextual, {} tools", large.len()),
-        percentile(&samples, 50),
-        percentile(&samples, 99)
+    latency_row(
+        &format!("cached index, contextual, {} tools", large.len()),
+        &samples,
     );
     println!(
         "index build: {:.1} ms a tool, encoding each",

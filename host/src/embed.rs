@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use crate::store::f32s_from_le;
+
 pub const DIMS: usize = 128;
 
 static VOCAB: &str = include_str!("../data/minilm-vocab.txt");
@@ -43,10 +45,7 @@ impl Embeddings {
             Embeddings {
                 unknown: ids.get("[UNK]").copied(),
                 ids,
-                scales: scales
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
+                scales: f32s_from_le(scales),
                 rows,
             }
         })

@@ -14,7 +14,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::embed::Embeddings;
-use crate::store::sha256_hex;
+use crate::store::{f32s_from_le, sha256_hex};
 
 /// `[CLS]` and `[SEP]` in BERT's uncased vocabulary, which `embed.rs` also uses.
 const CLS: u32 = 101;
@@ -413,10 +413,7 @@ impl Tensors {
                 "model.safetensors: {name} has shape {found:?}, expected {shape:?}"
             )));
         }
-        Ok(self.data[self.start + from..self.start + to]
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+        Ok(f32s_from_le(&self.data[self.start + from..self.start + to]))
     }
 
     /// The first `rows` rows of the `? × width` tensor `name`.

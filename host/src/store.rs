@@ -203,6 +203,15 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Little-endian f32s, as the stored vectors and the model files keep them; a trailing
+/// partial value is ignored (callers check the length).
+pub fn f32s_from_le(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
@@ -521,12 +530,7 @@ impl Store for SledStore {
         if bytes.len() % 4 != 0 {
             return Err(corrupt(key.as_bytes(), "not a whole number of f32"));
         }
-        let vector = bytes.chunks_exact(4);
-        Ok(Some(
-            vector
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        ))
+        Ok(Some(f32s_from_le(&bytes)))
     }
 
     fn put_search_vector(&self, key: &str, vector: &[f32]) -> Result<()> {
