@@ -283,6 +283,7 @@ fn the_contextual_encoder_agrees_with_a_reference_implementation() {
         return;
     };
     // The reference: the same weights run in numpy (float32, exact GELU) on the same texts.
+    // The encoder's int8 products move each figure by up to 0.007.
     let home = encoder.encode("how much is my apartment worth");
     let value = encoder.encode("estimate the market value of a property");
     let disk = encoder.encode("check disk storage usage");
@@ -298,7 +299,7 @@ fn the_contextual_encoder_agrees_with_a_reference_implementation() {
         (home[3], 0.053_12),
     ] {
         assert!(
-            (got - want).abs() < 1e-3,
+            (got - want).abs() < 0.01,
             "{got} against the reference {want}"
         );
     }

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::call::{CallError, CallOutcome, Caller};
 use crate::embed::{DIMS, Embeddings, normalize};
-use crate::encoder::SentenceEncoder;
+use crate::encoder::{Pages, SentenceEncoder, has_vnni};
 use crate::host::Host;
 use crate::spec::ToolSpec;
 use crate::store::{Store, sha256_hex};
@@ -307,7 +307,7 @@ pub struct Index {
 /// One unit vector per document, and how the query is embedded in the same space.
 enum Semantic {
     Static {
-        vectors: Vec<[f32; DIMS]>,
+        vectors: UnitVectors,
         /// Inverse document frequency of each word piece in these tools' texts.
         piece_idf: HashMap<u32, f32>,
         /// The weight of a piece no tool has.
@@ -316,8 +316,98 @@ enum Semantic {
     /// A contextual encoder, which also embeds the query.
     Contextual {
         encoder: Arc<SentenceEncoder>,
-        vectors: Vec<Arc<[f32]>>,
+        vectors: UnitVectors,
     },
+}
+
+/// Unit vectors in int8, each with its scale, in one table: a search over 10 000 tools reads
+/// 3.8 MB of the model's vectors instead of 15 MB, and the products are exact integer sums.
+struct UnitVectors {
+    /// Each row padded with zeros to a multiple of 64 bytes, one AVX-512 register.
+    stride: usize,
+    codes: Pages,
+    scales: Vec<f32>,
+    /// Per row, 128 × the sum of its codes: what a query moved up by 128 (to u8) adds.
+    offsets: Vec<i32>,
+}
+
+impl UnitVectors {
+    fn new<'a>(dimensions: usize, vectors: impl IntoIterator<Item = &'a [f32]>) -> Self {
+        let stride = dimensions.div_ceil(64) * 64;
+        let (mut codes, mut scales, mut offsets) = (Vec::new(), Vec::new(), Vec::new());
+        for v in vectors {
+            let (row, scale) = quantise(v, stride);
+            offsets.push(128 * row.iter().map(|&c| i32::from(c)).sum::<i32>());
+            codes.extend(row);
+            scales.push(scale);
+        }
+        UnitVectors {
+            stride,
+            codes: Pages::from(&[&codes]),
+            scales,
+            offsets,
+        }
+    }
+
+    /// The cosine of the unit vector `query` with each vector, in order.
+    fn cosines(&self, query: &[f32]) -> Vec<f32> {
+        let (query, scale) = quantise(query, self.stride);
+        #[cfg(target_arch = "x86_64")]
+        if has_vnni() {
+            // SAFETY: the CPU has the features.
+            return unsafe { self.cosines_vnni(&query, scale) };
+        }
+        self.portable_cosines(&query, scale)
+    }
+
+    fn portable_cosines(&self, query: &[i8], scale: f32) -> Vec<f32> {
+        let rows = self.codes.bytes().chunks_exact(self.stride);
+        rows.zip(&self.scales)
+            .map(|(codes, row_scale)| {
+                let sum: i32 = codes
+                    .iter()
+                    .zip(query)
+                    .map(|(&a, &b)| i32::from(a) * i32::from(b))
+                    .sum();
+                sum as f32 * row_scale * scale
+            })
+            .collect()
+    }
+
+    /// The same sums by `vpdpbusd`, 64 products an instruction, reading ahead of the scan.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn cosines_vnni(&self, query: &[i8], scale: f32) -> Vec<f32> {
+        use std::arch::x86_64::*;
+        let moved: Vec<u8> = query.iter().map(|&q| (q as u8) ^ 0x80).collect();
+        let mut cosines = Vec::with_capacity(self.scales.len());
+        let rows = self.codes.bytes().chunks_exact(self.stride);
+        for (codes, (row_scale, offset)) in rows.zip(self.scales.iter().zip(&self.offsets)) {
+            let mut acc = _mm512_setzero_si512();
+            // SAFETY: `codes` and `moved` are `stride` bytes, a multiple of 64; a prefetch of
+            // any address is harmless.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(codes.as_ptr().wrapping_add(8192).cast());
+                for at in (0..self.stride).step_by(64) {
+                    let q = _mm512_loadu_si512(moved.as_ptr().add(at).cast());
+                    let c = _mm512_loadu_si512(codes.as_ptr().add(at).cast());
+                    acc = _mm512_dpbusd_epi32(acc, q, c);
+                }
+            }
+            let sum = _mm512_reduce_add_epi32(acc) - offset;
+            cosines.push(sum as f32 * row_scale * scale);
+        }
+        cosines
+    }
+}
+
+/// `v` as int8 codes, padded with zeros to `length`, and the scale that maps them back.
+fn quantise(v: &[f32], length: usize) -> (Vec<i8>, f32) {
+    let max = v.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
+    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+    let mut codes: Vec<i8> = v.iter().map(|x| (x / scale).round() as i8).collect();
+    codes.resize(length, 0);
+    (codes, scale)
 }
 
 /// A search model's vectors of tool texts: from memory, else from the store, else encoded
@@ -397,19 +487,6 @@ const STOPWORDS: &[&str] = &[
     "all",
 ];
 
-/// In eight lanes, so that the compiler can use SIMD (a plain float sum must stay in order).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0_f32; 8];
-    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    let rest = a.len() / 8 * 8;
-    let tail: f32 = a[rest..].iter().zip(&b[rest..]).map(|(x, y)| x * y).sum();
-    lanes.iter().sum::<f32>() + tail
-}
-
 /// The text a tool is embedded from: its name as words, description and parameters.
 fn embedding_text(spec: &ToolSpec) -> String {
     let mut text = format!(
@@ -437,11 +514,12 @@ impl Index {
 
     /// [`Index::build`] that ranks with a search model's vectors.
     pub fn build_contextual(specs: &[ToolSpec], tool_vectors: &ToolVectors) -> Self {
-        let vectors = specs
+        let encoder = tool_vectors.encoder.clone();
+        let vectors: Vec<Arc<[f32]>> = specs
             .iter()
             .map(|s| tool_vectors.get(&embedding_text(s)))
             .collect();
-        let encoder = tool_vectors.encoder.clone();
+        let vectors = UnitVectors::new(encoder.dimensions(), vectors.iter().map(|v| &v[..]));
         Index::with_semantic(specs, Semantic::Contextual { encoder, vectors })
     }
 
@@ -498,18 +576,9 @@ impl Index {
         let best = lexical.values().copied().fold(0.0_f32, f32::max);
         if semantic <= 0.0 {
             let ranked = lexical.iter().map(|(&doc, &s)| (doc as usize, s / best));
-            return best_first(ranked.collect(), limit);
+            return best_first(ranked, limit);
         }
-        // A document with no query word counts only when its cosine reaches the floor.
-        let blend = |cosines: &mut dyn Iterator<Item = f32>, floor: f32| {
-            let ranked = cosines.enumerate().filter_map(|(doc, cosine)| {
-                let bm25 = lexical.get(&(doc as u32)).map_or(0.0, |s| s / best);
-                (bm25 > 0.0 || cosine >= floor)
-                    .then_some((doc, semantic * cosine + (1.0 - semantic) * bm25))
-            });
-            ranked.collect()
-        };
-        let ranked = match &self.semantic {
+        let (cosines, floor) = match &self.semantic {
             Semantic::Static {
                 vectors,
                 piece_idf,
@@ -522,14 +591,27 @@ impl Index {
                     embeddings.accumulate(id, weight, &mut q);
                 }
                 normalize(&mut q);
-                blend(&mut vectors.iter().map(|v| dot(v, &q)), MIN_SIMILARITY)
+                (vectors.cosines(&q), MIN_SIMILARITY)
             }
-            Semantic::Contextual { encoder, vectors } => {
-                let q = encoder.encode(query);
-                let cosines = &mut vectors.iter().map(|v| dot(v, &q));
-                blend(cosines, MIN_CONTEXTUAL_SIMILARITY)
-            }
+            Semantic::Contextual { encoder, vectors } => (
+                vectors.cosines(&encoder.encode(query)),
+                MIN_CONTEXTUAL_SIMILARITY,
+            ),
         };
+        let mut bm25 = vec![0.0; cosines.len()];
+        for (&doc, &score) in &lexical {
+            bm25[doc as usize] = score / best;
+        }
+        // A document with no query word counts only when its cosine reaches the floor.
+        let ranked =
+            cosines
+                .into_iter()
+                .zip(bm25)
+                .enumerate()
+                .filter_map(|(doc, (cosine, bm25))| {
+                    (bm25 > 0.0 || cosine >= floor)
+                        .then_some((doc, semantic * cosine + (1.0 - semantic) * bm25))
+                });
         best_first(ranked, limit)
     }
 
@@ -578,7 +660,7 @@ fn static_vectors(specs: &[ToolSpec]) -> Semantic {
         .into_iter()
         .map(|(id, df)| (id, idf(df)))
         .collect();
-    let vectors = pieces
+    let vectors: Vec<[f32; DIMS]> = pieces
         .iter()
         .map(|doc| {
             let mut v = [0.0; DIMS];
@@ -589,6 +671,7 @@ fn static_vectors(specs: &[ToolSpec]) -> Semantic {
             v
         })
         .collect();
+    let vectors = UnitVectors::new(DIMS, vectors.iter().map(|v| &v[..]));
     Semantic::Static {
         vectors,
         piece_idf,
@@ -597,14 +680,20 @@ fn static_vectors(specs: &[ToolSpec]) -> Semantic {
 }
 
 /// The `limit` highest scores, best first; ties broken by position, so results are stable.
-fn best_first(mut ranked: Vec<(usize, f32)>, limit: usize) -> Vec<(usize, f32)> {
-    let order = |a: &(usize, f32), b: &(usize, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if ranked.len() > limit {
-        ranked.select_nth_unstable_by(limit, order);
-        ranked.truncate(limit);
+/// One pass that keeps only the best so far: most documents are one comparison.
+fn best_first(ranked: impl Iterator<Item = (usize, f32)>, limit: usize) -> Vec<(usize, f32)> {
+    let before =
+        |a: &(usize, f32), b: &(usize, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)).is_lt();
+    let mut best: Vec<(usize, f32)> = Vec::with_capacity(limit + 1);
+    for item in ranked {
+        if best.len() == limit && best.last().is_none_or(|worst| !before(&item, worst)) {
+            continue;
+        }
+        let at = best.partition_point(|kept| before(kept, &item));
+        best.insert(at, item);
+        best.truncate(limit);
     }
-    ranked.sort_by(order);
-    ranked
+    best
 }
 
 /// Lower-cased words, split at punctuation, `snake_case` and `camelCase`, lightly stemmed.
@@ -654,6 +743,51 @@ fn stem(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A small deterministic generator, so a failure reproduces.
+    fn unit_vector(dimensions: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed;
+        let mut v: Vec<f32> = (0..dimensions)
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1 << 24) as f32 - 0.5
+            })
+            .collect();
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter_mut().for_each(|x| *x /= norm);
+        v
+    }
+
+    #[test]
+    fn int8_cosines_are_close_to_the_float_ones_on_every_path() {
+        // 384 dimensions (the model's) over 6 000 rows, more than one 2 MB page; and 100
+        // (padded to 128) over a few rows.
+        for (dimensions, rows) in [(384, 6000), (100, 50)] {
+            let vectors: Vec<Vec<f32>> = (0..rows).map(|i| unit_vector(dimensions, i)).collect();
+            let table = UnitVectors::new(dimensions, vectors.iter().map(|v| &v[..]));
+            let query = unit_vector(dimensions, 99_999);
+            let got = table.cosines(&query);
+            let (codes, scale) = quantise(&query, table.stride);
+            assert_eq!(got, table.portable_cosines(&codes, scale));
+            for (v, cosine) in vectors.iter().zip(&got) {
+                let exact: f32 = v.iter().zip(&query).map(|(a, b)| a * b).sum();
+                assert!((cosine - exact).abs() < 0.01, "{cosine} against {exact}");
+            }
+        }
+    }
+
+    #[test]
+    fn best_first_keeps_the_top_scores_in_order_with_ties_by_position() {
+        let scores: Vec<(usize, f32)> = (0..500)
+            .map(|i| (i, ((i * 7919) % 101) as f32 / 10.0))
+            .collect();
+        let mut sorted = scores.clone();
+        sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for limit in [0, 1, 5, 37, 500, 600] {
+            let got = best_first(scores.iter().copied(), limit);
+            assert_eq!(got, sorted[..limit.min(500)], "limit {limit}");
+        }
+    }
 
     #[test]
     fn tokens_split_names_and_stem() {

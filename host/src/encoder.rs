@@ -13,6 +13,11 @@ use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
 
+mod int8;
+
+pub(crate) use int8::{Pages, has_vnni};
+
+use self::int8::Linear;
 use crate::embed::Embeddings;
 use crate::store::{f32s_from_le, sha256_hex};
 
@@ -50,14 +55,6 @@ struct Config {
 
 fn default_eps() -> f32 {
     1e-12
-}
-
-/// A dense layer: `weight` is `outputs × inputs`, row-major, as PyTorch stores it.
-struct Linear {
-    weight: Vec<f32>,
-    bias: Vec<f32>,
-    inputs: usize,
-    outputs: usize,
 }
 
 struct Norm {
@@ -121,6 +118,7 @@ impl SentenceEncoder {
         if config.vocab_size != Embeddings::get().vocabulary_size()
             || config.num_attention_heads == 0
             || config.hidden_size == 0
+            || config.intermediate_size == 0
             || !config
                 .hidden_size
                 .is_multiple_of(config.num_attention_heads)
@@ -139,13 +137,15 @@ impl SentenceEncoder {
         let fingerprint = sha256_hex(&weights);
         let mut tensors = Tensors::parse(weights)?;
         let h = config.hidden_size;
+        let dense = |t: &mut Tensors, name: &str, inputs: usize, outputs: usize| {
+            Ok::<_, EncoderError>((
+                t.take(&format!("{name}.weight"), &[outputs, inputs])?,
+                t.take(&format!("{name}.bias"), &[outputs])?,
+            ))
+        };
         let linear = |t: &mut Tensors, name: &str, inputs: usize, outputs: usize| {
-            Ok::<_, EncoderError>(Linear {
-                weight: t.take(&format!("{name}.weight"), &[outputs, inputs])?,
-                bias: t.take(&format!("{name}.bias"), &[outputs])?,
-                inputs,
-                outputs,
-            })
+            let (weight, bias) = dense(t, name, inputs, outputs)?;
+            Ok::<_, EncoderError>(Linear::new(&weight, bias, inputs, outputs))
         };
         let norm = |t: &mut Tensors, name: &str| {
             Ok::<_, EncoderError>(Norm {
@@ -156,15 +156,14 @@ impl SentenceEncoder {
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("encoder.layer.{i}");
-            let mut qkv = linear(&mut tensors, &format!("{p}.attention.self.query"), h, h)?;
-            for part in ["key", "value"] {
-                let more = linear(&mut tensors, &format!("{p}.attention.self.{part}"), h, h)?;
-                qkv.weight.extend(more.weight);
-                qkv.bias.extend(more.bias);
-                qkv.outputs += h;
+            let (mut weight, mut bias) = (Vec::new(), Vec::new());
+            for part in ["query", "key", "value"] {
+                let (w, b) = dense(&mut tensors, &format!("{p}.attention.self.{part}"), h, h)?;
+                weight.extend(w);
+                bias.extend(b);
             }
             layers.push(Layer {
-                qkv,
+                qkv: Linear::new(&weight, bias, h, 3 * h),
                 attention_out: linear(&mut tensors, &format!("{p}.attention.output.dense"), h, h)?,
                 attention_norm: norm(&mut tensors, &format!("{p}.attention.output.LayerNorm"))?,
                 intermediate: linear(
@@ -182,6 +181,18 @@ impl SentenceEncoder {
                 output_norm: norm(&mut tensors, &format!("{p}.output.LayerNorm"))?,
             });
         }
+        let mut linears: Vec<&mut Linear> = layers
+            .iter_mut()
+            .flat_map(|l| {
+                [
+                    &mut l.qkv,
+                    &mut l.attention_out,
+                    &mut l.intermediate,
+                    &mut l.output,
+                ]
+            })
+            .collect();
+        int8::share_pages(&mut linears);
         let max_positions = config.max_position_embeddings;
         Ok(SentenceEncoder {
             hidden: h,
@@ -219,6 +230,23 @@ impl SentenceEncoder {
         ids.extend(Embeddings::get().pieces(text));
         ids.truncate(self.max_tokens - 1);
         ids.push(SEP);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has the feature.
+            return unsafe { self.forward_avx512(&ids) };
+        }
+        self.forward(&ids)
+    }
+
+    /// `forward` compiled for 16-lane vectors; the arithmetic, and so the result, is the same.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn forward_avx512(&self, ids: &[u32]) -> Vec<f32> {
+        self.forward(ids)
+    }
+
+    #[inline(always)]
+    fn forward(&self, ids: &[u32]) -> Vec<f32> {
         let h = self.hidden;
         let n = ids.len();
         let mut x = vec![0.0_f32; n * h];
@@ -246,27 +274,37 @@ impl SentenceEncoder {
         pooled
     }
 
+    #[inline(always)]
     fn layer(&self, layer: &Layer, x: &mut [f32], n: usize) {
         let h = self.hidden;
         let head = h / self.heads;
         let qkv = layer.qkv.apply(x, n);
         let mut context = vec![0.0_f32; n * h];
         let scale = 1.0 / (head as f32).sqrt();
-        let mut weights = vec![0.0_f32; n];
-        for hd in 0..self.heads {
-            let at = |t: usize, part: usize| {
-                let start = t * 3 * h + part * h + hd * head;
-                &qkv[start..start + head]
-            };
-            for i in 0..n {
-                let q = at(i, 0);
-                for (j, w) in weights.iter_mut().enumerate() {
-                    *w = q.iter().zip(at(j, 1)).map(|(a, b)| a * b).sum::<f32>() * scale;
+        let at = |t: usize, part: usize, hd: usize| {
+            let start = t * 3 * h + part * h + hd * head;
+            &qkv[start..start + head]
+        };
+        // Token i's attention weights over the n tokens, for every head at once, so that
+        // the softmax's exponentials run as one vectorised pass.
+        let mut weights = vec![0.0_f32; self.heads * n];
+        for i in 0..n {
+            for (hd, scores) in weights.chunks_exact_mut(n).enumerate() {
+                for (j, w) in scores.iter_mut().enumerate() {
+                    *w = dot(at(i, 0, hd), at(j, 1, hd)) * scale;
                 }
-                softmax(&mut weights);
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                scores.iter_mut().for_each(|w| *w -= max);
+            }
+            weights.iter_mut().for_each(|w| *w = exp(*w));
+            for (hd, scores) in weights.chunks_exact(n).enumerate() {
+                let total: f32 = scores.iter().sum();
                 let out = &mut context[i * h + hd * head..i * h + (hd + 1) * head];
-                for (j, &w) in weights.iter().enumerate() {
-                    out.iter_mut().zip(at(j, 2)).for_each(|(o, v)| *o += w * v);
+                for (j, &w) in scores.iter().enumerate() {
+                    let w = w / total;
+                    out.iter_mut()
+                        .zip(at(j, 2, hd))
+                        .for_each(|(o, v)| *o += w * v);
                 }
             }
         }
@@ -281,73 +319,68 @@ impl SentenceEncoder {
     }
 }
 
-impl Linear {
-    /// `x · weightᵀ + bias` for `n` rows of `x`, by matrixmultiply's kernels (which pick
-    /// AVX2 and FMA at run time; the baseline target has only SSE2).
-    fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
-        let mut out: Vec<f32> = self
-            .bias
-            .iter()
-            .copied()
-            .cycle()
-            .take(n * self.outputs)
-            .collect();
-        // SAFETY: the slices hold n × inputs, outputs × inputs and n × outputs floats, which
-        // are the shapes and strides given.
-        unsafe {
-            matrixmultiply::sgemm(
-                n,
-                self.inputs,
-                self.outputs,
-                1.0,
-                x.as_ptr(),
-                self.inputs as isize,
-                1,
-                self.weight.as_ptr(),
-                1,
-                self.inputs as isize,
-                1.0,
-                out.as_mut_ptr(),
-                self.outputs as isize,
-                1,
-            );
-        }
-        out
-    }
-}
-
+#[inline(always)]
 fn layer_norm(x: &mut [f32], norm: &Norm, eps: f32) {
     let h = norm.gain.len();
+    let ones = vec![1.0; h];
     for row in x.chunks_exact_mut(h) {
-        let mean = row.iter().sum::<f32>() / h as f32;
-        let variance = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
-        let inv = 1.0 / (variance + eps).sqrt();
+        let mean = dot(row, &ones) / h as f32;
+        row.iter_mut().for_each(|v| *v -= mean);
+        let inv = 1.0 / (dot(row, row) / h as f32 + eps).sqrt();
         for ((v, g), b) in row.iter_mut().zip(&norm.gain).zip(&norm.bias) {
-            *v = (*v - mean) * inv * g + b;
+            *v = *v * inv * g + b;
         }
     }
-}
-
-fn softmax(v: &mut [f32]) {
-    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for x in v.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x;
-    }
-    v.iter_mut().for_each(|x| *x /= sum);
 }
 
 /// BERT's GELU, `x · Φ(x)`, with erf from Abramowitz and Stegun 7.1.26 (error under 1.5e-7).
+#[inline(always)]
 fn gelu(x: f32) -> f32 {
-    let z = f64::from(x) / std::f64::consts::SQRT_2;
+    let z = x * std::f32::consts::FRAC_1_SQRT_2;
     let t = 1.0 / (1.0 + 0.327_591_1 * z.abs());
     let poly = t
-        * (0.254_829_592
-            + t * (-0.284_496_736
-                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
-    let erf = (1.0 - poly * (-z * z).exp()).copysign(z);
-    (0.5 * f64::from(x) * (1.0 + erf)) as f32
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152 + t * 1.061_405_4))));
+    let erf = (1.0 - poly * exp(-z * z)).copysign(z);
+    0.5 * x * (1.0 + erf)
+}
+
+/// e^x without a libm call, so that loops over it vectorise on the baseline (SSE2) target:
+/// 2^k · e^f with k = round(x · log₂ e), f = x − k · ln 2 taken off in two parts for
+/// precision, and a degree-6 series for e^f (relative error under 3e-7).
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const LN_2_HIGH: f32 = 0.693_359_4;
+    const LN_2_LOW: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.0, 88.0);
+    let shifted = x * std::f32::consts::LOG2_E + ROUND;
+    let k = shifted - ROUND;
+    let f = x - k * LN_2_HIGH - k * LN_2_LOW;
+    let series = 1.0
+        + f * (1.0
+            + f * (1.0 / 2.0
+                + f * (1.0 / 6.0 + f * (1.0 / 24.0 + f * (1.0 / 120.0 + f * (1.0 / 720.0))))));
+    // 2^k, built from k's bits (see `ROUND`) with no float-to-int conversion.
+    series * f32::from_bits(shifted.to_bits().wrapping_add(127) << 23)
+}
+
+/// For |x| < 2²², `x + ROUND` holds round(x) in the low bits of its representation
+/// (two's complement, round half to even), and `x + ROUND − ROUND` is round(x) itself. Unlike
+/// `round` or `as i32`, this vectorises on the baseline target.
+const ROUND: f32 = 12_582_912.0;
+
+/// In eight lanes, so that the compiler can use SIMD (a plain float sum must stay in order).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0_f32; 8];
+    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    let rest = a.len() / 8 * 8;
+    let tail: f32 = a[rest..].iter().zip(&b[rest..]).map(|(x, y)| x * y).sum();
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// The f32 tensors of a safetensors file, by name.
@@ -443,6 +476,21 @@ impl Tensors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_matches_the_library_exp() {
+        for i in -2000..=2000 {
+            let x = i as f32 / 25.0;
+            let (got, want) = (exp(x), x.exp());
+            assert!(
+                (got - want).abs() <= 3e-7 * want,
+                "exp({x}) = {got}, not {want}"
+            );
+        }
+        // Far outside the range: clamped to e^±87, never 0 · ∞ or NaN.
+        assert!(exp(-1000.0) > 0.0 && exp(-1000.0) < 2e-38);
+        assert!(exp(1000.0).is_finite() && exp(1000.0) > 1e38);
+    }
 
     #[test]
     fn gelu_matches_its_definition_at_known_points() {

@@ -129,7 +129,7 @@ struct DisclosureArgs {
     disclosure: String,
     /// Rank tool_search with this contextual model (config.json and model.safetensors of
     /// all-MiniLM-L6-v2; `scripts/fetch-search-model` fetches it): recall@5 0.96 instead of
-    /// 0.86, about 8 ms a search instead of 0.3.
+    /// 0.86, about 0.9 ms a search over 10 000 tools instead of 0.1 (9 ms without AVX-512 VNNI).
     #[arg(long, env = "TOOLHOST_SEARCH_MODEL", value_name = "DIR")]
     search_model: Option<PathBuf>,
 }
