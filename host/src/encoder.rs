@@ -1,8 +1,9 @@
-//! An optional contextual sentence encoder for tool search: a BERT model in the layout of
+//! The contextual sentence encoder for tool search: a BERT model in the layout of
 //! sentence-transformers' all-MiniLM-L6-v2 (`config.json` + `model.safetensors`), run on the
-//! CPU, mean-pooled and normalised. It ranks far better than the static embeddings of
-//! `embed.rs` (the misses there need a phrase read as a whole) and costs milliseconds per
-//! query instead of microseconds, so it is opt-in: `toolhost serve --search-model DIR`.
+//! CPU with int8 dense layers (`int8`), mean-pooled and normalised. It ranks far better than
+//! the static embeddings of `embed.rs` (the misses there need a phrase read as a whole). It
+//! needs a 90 MB model file, so it is configured rather than built in:
+//! `toolhost serve --search-model DIR`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -476,6 +477,23 @@ impl Tensors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_avx512_forward_pass_gives_the_same_bits() {
+        let Some(dir) = std::env::var_os("TOOLHOST_SEARCH_MODEL") else {
+            eprintln!("skipped: TOOLHOST_SEARCH_MODEL is not set (scripts/test sets it)");
+            return;
+        };
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("skipped: this CPU has no AVX-512");
+            return;
+        }
+        let encoder = SentenceEncoder::load(dir.as_ref()).unwrap();
+        let ids = [CLS, 2054, 2003, 6207, 6202, 2012, 2157, 2085, SEP];
+        // SAFETY: the CPU has the feature.
+        let wide = unsafe { encoder.forward_avx512(&ids) };
+        assert_eq!(encoder.forward(&ids), wide);
+    }
 
     #[test]
     fn exp_matches_the_library_exp() {
