@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::call::{CallError, CallOutcome, Caller};
 use crate::embed::{DIMS, Embeddings, normalize};
-use crate::encoder::{Pages, SentenceEncoder, has_vnni};
+use crate::encoder::{Pages, SentenceEncoder, has_vnni, quantise_symmetric};
 use crate::host::Host;
 use crate::spec::ToolSpec;
 use crate::store::{Store, sha256_hex};
@@ -336,7 +336,7 @@ impl UnitVectors {
         let stride = dimensions.div_ceil(64) * 64;
         let (mut codes, mut scales, mut offsets) = (Vec::new(), Vec::new(), Vec::new());
         for v in vectors {
-            let (row, scale) = quantise(v, stride);
+            let (row, scale) = quantise_symmetric(v, stride);
             offsets.push(128 * row.iter().map(|&c| i32::from(c)).sum::<i32>());
             codes.extend(row);
             scales.push(scale);
@@ -351,7 +351,7 @@ impl UnitVectors {
 
     /// The cosine of the unit vector `query` with each vector, in order.
     fn cosines(&self, query: &[f32]) -> Vec<f32> {
-        let (query, scale) = quantise(query, self.stride);
+        let (query, scale) = quantise_symmetric(query, self.stride);
         #[cfg(target_arch = "x86_64")]
         if has_vnni() {
             // SAFETY: the CPU has the features.
@@ -399,15 +399,6 @@ impl UnitVectors {
         }
         cosines
     }
-}
-
-/// `v` as int8 codes, padded with zeros to `length`, and the scale that maps them back.
-fn quantise(v: &[f32], length: usize) -> (Vec<i8>, f32) {
-    let max = v.iter().fold(0.0_f32, |m, x| m.max(x.abs()));
-    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
-    let mut codes: Vec<i8> = v.iter().map(|x| (x / scale).round() as i8).collect();
-    codes.resize(length, 0);
-    (codes, scale)
 }
 
 /// A search model's vectors of tool texts: from memory, else from the store, else encoded
@@ -767,7 +758,7 @@ mod tests {
             let table = UnitVectors::new(dimensions, vectors.iter().map(|v| &v[..]));
             let query = unit_vector(dimensions, 99_999);
             let got = table.cosines(&query);
-            let (codes, scale) = quantise(&query, table.stride);
+            let (codes, scale) = quantise_symmetric(&query, table.stride);
             assert_eq!(got, table.portable_cosines(&codes, scale));
             for (v, cosine) in vectors.iter().zip(&got) {
                 let exact: f32 = v.iter().zip(&query).map(|(a, b)| a * b).sum();

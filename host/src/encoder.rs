@@ -16,7 +16,7 @@ use thiserror::Error;
 
 mod int8;
 
-pub(crate) use int8::{Pages, has_vnni};
+pub(crate) use int8::{Pages, has_vnni, quantise_symmetric};
 
 use self::int8::Linear;
 use crate::embed::Embeddings;

@@ -56,14 +56,9 @@ impl Linear {
         let mut scales = vec![0.0; height];
         let mut offsets = vec![0; height];
         for (o, row) in weight.chunks_exact(inputs).enumerate() {
-            let scale = row.iter().fold(0.0_f32, |m, w| m.max(w.abs())) / 127.0;
+            let (codes, scale) = quantise_symmetric(row, inputs);
             scales[o] = scale;
-            for (i, &w) in row.iter().enumerate() {
-                let q = if scale > 0.0 {
-                    (w / scale).round() as i8
-                } else {
-                    0
-                };
+            for (i, q) in codes.into_iter().enumerate() {
                 let at = if vnni {
                     packed_at(o, i, width)
                 } else {
@@ -134,6 +129,16 @@ impl Linear {
         }
         (quantised, scales)
     }
+}
+
+/// `v` as int8 codes (the largest |v| becomes ±127), padded with zeros to `length`, and the
+/// scale that maps them back.
+pub(crate) fn quantise_symmetric(v: &[f32], length: usize) -> (Vec<i8>, f32) {
+    let max = max_abs(v);
+    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+    let mut codes: Vec<i8> = v.iter().map(|x| (x / scale).round() as i8).collect();
+    codes.resize(length, 0);
+    (codes, scale)
 }
 
 /// The largest |v|, in sixteen lanes: a plain `fold` of `max` must run in order.
