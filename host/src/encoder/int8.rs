@@ -118,8 +118,7 @@ impl Linear {
             .chunks_exact(self.inputs)
             .zip(quantised.chunks_exact_mut(self.width))
         {
-            let max = max_abs(row);
-            let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+            let scale = symmetric_scale(row);
             let inverse = 1.0 / scale;
             // v · inverse + ZERO is within 1..=255: its low byte after adding ROUND.
             for (q, &v) in out.iter_mut().zip(row) {
@@ -134,11 +133,17 @@ impl Linear {
 /// `v` as int8 codes (the largest |v| becomes ±127), padded with zeros to `length`, and the
 /// scale that maps them back.
 pub(crate) fn quantise_symmetric(v: &[f32], length: usize) -> (Vec<i8>, f32) {
-    let max = max_abs(v);
-    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+    let scale = symmetric_scale(v);
     let mut codes: Vec<i8> = v.iter().map(|x| (x / scale).round() as i8).collect();
     codes.resize(length, 0);
     (codes, scale)
+}
+
+/// The scale that maps the largest |v| to 127 (1 for a zero vector, whose codes are all 0).
+#[inline(always)]
+fn symmetric_scale(v: &[f32]) -> f32 {
+    let max = max_abs(v);
+    if max > 0.0 { max / 127.0 } else { 1.0 }
 }
 
 /// The largest |v|, in sixteen lanes: a plain `fold` of `max` must run in order.
@@ -370,7 +375,7 @@ mod tests {
 
     #[test]
     fn the_product_is_close_to_the_float_product_for_any_shape() {
-        // Shapes off the steps (inputs not a multiple of 4, outputs not of 32), and more
+        // Shapes off the steps (inputs not a multiple of 4, outputs not of 16), and more
         // rows than one block.
         for (rows, inputs, outputs) in [(1, 4, 32), (3, 7, 5), (13, 30, 40), (25, 64, 96)] {
             let weight = values(inputs * outputs, 1);
