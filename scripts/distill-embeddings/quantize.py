@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns table.f32 (30522 x 384, from `cargo run`) into host/data/minilm-static-128.bin:
+"""Turns table.f32 (30522 x 384, from `cargo run`) into host/search/data/minilm-static-128.bin:
 the rows projected on their first 128 principal components (centred), then int8 per row with
 an f32 scale. Layout: 30522 little-endian f32 scales, then 30522 x 128 int8."""
 import pathlib
@@ -14,7 +14,7 @@ projected = (centred @ vt[:128].T).astype(np.float32)
 scale = np.abs(projected).max(1) / 127.0
 scale[scale == 0] = 1
 quantized = np.round(projected / scale[:, None]).astype(np.int8)
-data = here.parent.parent / "host/data"
+data = here.parent.parent / "host/search/data"
 with open(data / "minilm-static-128.bin", "wb") as out:
     out.write(scale.astype("<f4").tobytes())
     out.write(quantized.tobytes())

@@ -1,0 +1,202 @@
+//! Per-call latency, end to end, printed as numbers: `cargo bench -p toolhost --bench call`.
+//!
+//! Rows, measured side by side in one run on one thread:
+//! - `wasm   Host::call`: validate + fresh pooled instance + call + drop + parse + clip;
+//! - `wasm   sandbox only`: fresh instance + call + drop, the floor wasmtime sets;
+//! - `native Host::call`: the same tool logic as a native Rust tool, through the same pipeline.
+//!
+//! Then the cost of a first call: compiling a component, versus loading its stored artifact
+//! after a restart.
+
+#[path = "../../../tests/it/plugins.rs"]
+#[allow(dead_code)] // not every user of the helpers needs all of them
+mod plugins;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use toolhost::sandbox::{Entry, Sandbox};
+use toolhost::{CallContext, Caller, Helpers, Host, HostConfig, Limits, SandboxConfig, ToolSpec};
+
+const WARMUP: usize = 2_000;
+const CALLS: usize = 20_000;
+
+/// The same logic as `plugins/text-stats`'s `text_stats`, as a native tool.
+fn text_stats(args: Value) -> Value {
+    let text = args["text"].as_str().unwrap_or_default();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let word_chars: usize = words.iter().map(|w| w.chars().count()).sum();
+    json!({
+        "chars": text.chars().count(),
+        "bytes": text.len(),
+        "words": words.len(),
+        "lines": text.lines().count(),
+        "sentences": text.split(['.', '!', '?']).filter(|s| s.chars().any(char::is_alphanumeric)).count(),
+        "avg_word_len": if words.is_empty() { 0.0 } else { (word_chars as f64 / words.len() as f64 * 100.0).round() / 100.0 },
+    })
+}
+
+struct Summary {
+    p50: Duration,
+    p99: Duration,
+    mean: Duration,
+}
+
+async fn measure<F: AsyncFnMut()>(mut f: F) -> Summary {
+    for _ in 0..WARMUP {
+        f().await;
+    }
+    let mut samples = Vec::with_capacity(CALLS);
+    for _ in 0..CALLS {
+        let start = Instant::now();
+        f().await;
+        samples.push(start.elapsed());
+    }
+    samples.sort();
+    Summary {
+        p50: samples[CALLS / 2],
+        p99: samples[CALLS * 99 / 100],
+        mean: samples.iter().sum::<Duration>() / CALLS as u32,
+    }
+}
+
+fn row(name: &str, s: &Summary) {
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "{name:<28} {:>9.1} {:>9.1} {:>9.1}",
+        us(s.p50),
+        us(s.p99),
+        us(s.mean)
+    );
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let wasm = plugins::plugin("text_stats");
+    let args = json!({"text": "The quick brown fox jumps over the lazy dog. Twice!"});
+    let caller = Caller::tenant("bench");
+
+    let host = Host::open(HostConfig::default()).unwrap();
+    host.install("bench", wasm.clone()).await.unwrap();
+    let schema = host
+        .describe("bench", "text_stats")
+        .unwrap()
+        .spec
+        .parameters;
+    host.natives()
+        .register(
+            ToolSpec::new("text_stats_native", "Native text stats.", schema),
+            |args, _, _| async move { Ok(text_stats(args)) },
+        )
+        .unwrap();
+    let expected = host
+        .call(&caller, "text_stats", args.clone())
+        .await
+        .result
+        .unwrap();
+    let native = host
+        .call(&caller, "text_stats_native", args.clone())
+        .await
+        .result
+        .unwrap();
+    assert_eq!(expected, native, "both tools compute the same thing");
+
+    println!("per-call latency, {CALLS} sequential calls after {WARMUP} warm-up, one thread");
+    println!(
+        "{:<28} {:>9} {:>9} {:>9}",
+        "", "p50 µs", "p99 µs", "mean µs"
+    );
+    let wasm_host = measure(async || {
+        let out = host.call(&caller, "text_stats", args.clone()).await;
+        assert!(out.result.is_ok());
+    })
+    .await;
+    row("wasm   Host::call", &wasm_host);
+
+    let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+    let prepared = sandbox.prepare(&wasm).unwrap();
+    let limits = Limits::default();
+    let ctx = CallContext {
+        tenant: "bench".into(),
+        call_id: "1".into(),
+        tool: "text_stats".into(),
+        data: Value::Null,
+    };
+    let args_text = args.to_string();
+    let wasm_sandbox = measure(async || {
+        let run = sandbox
+            .call(
+                &prepared,
+                &limits,
+                Helpers::default(),
+                &Default::default(),
+                Entry::Tool { args: &args_text },
+                &ctx,
+            )
+            .await;
+        assert!(matches!(run.result, Ok(Ok(_))));
+    })
+    .await;
+    row("wasm   sandbox only", &wasm_sandbox);
+
+    let native = measure(async || {
+        let out = host.call(&caller, "text_stats_native", args.clone()).await;
+        assert!(out.result.is_ok());
+    })
+    .await;
+    row("native Host::call", &native);
+
+    first_call(&wasm, &args).await;
+}
+
+/// Compile-on-install versus first call after a restart (artifact loaded from the store).
+async fn first_call(wasm: &[u8], args: &Value) {
+    const ROUNDS: usize = 10;
+    let caller = Caller::tenant("bench");
+    let mut install = Vec::new();
+    let mut restart = Vec::new();
+    for _ in 0..ROUNDS {
+        let dir = tempfile::tempdir().unwrap();
+        let config = HostConfig {
+            data_dir: Some(dir.path().to_owned()),
+            ..HostConfig::default()
+        };
+        {
+            let host = Host::open(config.clone()).unwrap();
+            let start = Instant::now();
+            host.install("bench", wasm.to_vec()).await.unwrap();
+            install.push(start.elapsed());
+        }
+        let host = Host::open(config).unwrap();
+        let start = Instant::now();
+        let out = host.call(&caller, "text_stats", args.clone()).await;
+        restart.push(start.elapsed());
+        assert!(out.result.is_ok());
+    }
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_secs_f64() * 1e3
+    };
+    println!();
+    println!(
+        "first call, median of {ROUNDS}, {} KB component",
+        wasm.len() / 1000
+    );
+    println!(
+        "{:<28} {:>9.2} ms",
+        "install (compile + store)",
+        median(install)
+    );
+    println!(
+        "{:<28} {:>9.2} ms",
+        "first call after restart",
+        median(restart)
+    );
+}

@@ -1,0 +1,136 @@
+//! The rate and concurrency gates every call passes before it runs: per-tenant token
+//! buckets and running-call counters, read from the tenant's [`TenantPolicy`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use toolhost_spec::policy::TenantPolicy;
+
+/// Why a call was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The policy field at fault.
+    pub limit: &'static str,
+    pub message: String,
+    /// When a retry can succeed; `None` for the concurrency limit.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// Per-tenant rate buckets and running-call counts.
+#[derive(Default)]
+pub struct Admission {
+    buckets: Mutex<HashMap<String, Bucket>>,
+    running: Mutex<HashMap<String, Arc<AtomicU32>>>,
+}
+
+struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+/// Holds one call's concurrency slot; dropping it frees the slot.
+pub struct Permit(Option<Arc<AtomicU32>>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(running) = &self.0 {
+            running.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Admission {
+    /// Takes a token and a slot for one call of `tenant`, or says which limit refused it.
+    pub fn admit(&self, tenant: &str, policy: &TenantPolicy) -> Result<Permit, Refused> {
+        if let Some(per_minute) = policy.calls_per_minute {
+            self.take_token(tenant, per_minute, policy.burst.unwrap_or(per_minute))?;
+        }
+        let Some(max) = policy.max_concurrent else {
+            return Ok(Permit(None));
+        };
+        let running = {
+            let mut all = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            all.entry(tenant.to_owned()).or_default().clone()
+        };
+        let taken = running.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        });
+        match taken {
+            Ok(_) => Ok(Permit(Some(running))),
+            Err(_) => Err(Refused {
+                limit: "max_concurrent",
+                message: format!("tenant already has {max} calls running (max_concurrent)"),
+                retry_after_ms: None,
+            }),
+        }
+    }
+
+    fn take_token(&self, tenant: &str, per_minute: u32, burst: u32) -> Result<(), Refused> {
+        let now = Instant::now();
+        let per_ms = f64::from(per_minute) / 60_000.0;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let bucket = buckets.entry(tenant.to_owned()).or_insert(Bucket {
+            tokens: f64::from(burst),
+            refilled: now,
+        });
+        let elapsed_ms = now.duration_since(bucket.refilled).as_secs_f64() * 1e3;
+        bucket.tokens = (bucket.tokens + elapsed_ms * per_ms).min(f64::from(burst));
+        bucket.refilled = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait_ms = ((1.0 - bucket.tokens) / per_ms).ceil() as u64;
+        Err(Refused {
+            limit: "calls_per_minute",
+            message: format!(
+                "tenant is over its rate of {per_minute} calls per minute (calls_per_minute); retry in {wait_ms} ms"
+            ),
+            retry_after_ms: Some(wait_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(json: serde_json::Value) -> TenantPolicy {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn the_rate_limit_refuses_past_the_burst_and_per_tenant() {
+        let admission = Admission::default();
+        let p = policy(serde_json::json!({"calls_per_minute": 60, "burst": 3}));
+        for _ in 0..3 {
+            admission.admit("a", &p).unwrap();
+        }
+        let refused = admission.admit("a", &p).err().unwrap();
+        assert_eq!(refused.limit, "calls_per_minute");
+        // One token a second: the wait is at most a second.
+        assert!(refused.retry_after_ms.unwrap() <= 1000);
+        admission
+            .admit("b", &p)
+            .expect("another tenant has its own bucket");
+    }
+
+    #[test]
+    fn the_concurrency_limit_frees_slots_on_drop() {
+        let admission = Admission::default();
+        let p = policy(serde_json::json!({"max_concurrent": 2}));
+        let first = admission.admit("a", &p).unwrap();
+        let _second = admission.admit("a", &p).unwrap();
+        assert_eq!(
+            admission.admit("a", &p).err().unwrap().limit,
+            "max_concurrent"
+        );
+        admission
+            .admit("b", &p)
+            .expect("another tenant has its own slots");
+        drop(first);
+        admission.admit("a", &p).expect("a slot was freed");
+    }
+}

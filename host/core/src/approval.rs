@@ -1,0 +1,188 @@
+//! Calls waiting for the embedding app to approve or reject them.
+//!
+//! Written through to the store, so a restart keeps them: the app can still decide a call it
+//! was asked about before the restart. Each tenant holds at most [`MAX_PENDING_PER_TENANT`],
+//! each for at most [`PENDING_TTL`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use toolhost_spec::call::Caller;
+use toolhost_store::{HeldCall, Store, StoreError, now_ms};
+
+pub const MAX_PENDING_PER_TENANT: usize = 1000;
+pub const PENDING_TTL: Duration = Duration::from_secs(3600);
+
+/// A call waiting for a decision, as the app sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingCall {
+    pub call_id: String,
+    pub tool: String,
+    pub args: Value,
+    /// Milliseconds it has waited.
+    pub waiting_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApprovalError {
+    /// Unknown, expired, already decided, or another tenant's: all look the same.
+    #[error("no call `{0}` is waiting for approval")]
+    NotPending(String),
+    #[error("tenant already has {MAX_PENDING_PER_TENANT} calls waiting for approval")]
+    TooMany,
+    /// The decision was not recorded, so the call stays pending.
+    #[error("storage: {0}")]
+    Store(#[from] StoreError),
+}
+
+fn expired(held: &HeldCall, now_ms: u64) -> bool {
+    held.waiting_ms(now_ms) >= PENDING_TTL.as_millis() as u64
+}
+
+pub(crate) struct Approvals {
+    store: Arc<dyn Store>,
+    /// By call id; the same as the store's records, read once at start.
+    pending: Mutex<HashMap<String, HeldCall>>,
+}
+
+impl Approvals {
+    /// The calls the store holds, less those that expired while the host was down.
+    pub fn load(store: Arc<dyn Store>) -> Result<Self, StoreError> {
+        let now = now_ms();
+        let mut pending = HashMap::new();
+        for (call_id, held) in store.held_calls()? {
+            if expired(&held, now) {
+                store.held_call_remove(&call_id)?;
+            } else {
+                pending.insert(call_id, held);
+            }
+        }
+        Ok(Approvals {
+            store,
+            pending: Mutex::new(pending),
+        })
+    }
+
+    pub fn hold(
+        &self,
+        call_id: &str,
+        caller: &Caller,
+        tool: &str,
+        args: Value,
+    ) -> Result<(), ApprovalError> {
+        let now = now_ms();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let expired: Vec<String> = pending
+            .iter()
+            .filter(|(_, held)| expired(held, now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            // Dropped from memory only once the store has let go, so the two stay the same.
+            self.store.held_call_remove(&id)?;
+            pending.remove(&id);
+        }
+        let of_tenant = pending
+            .values()
+            .filter(|held| held.caller.tenant == caller.tenant)
+            .count();
+        if of_tenant >= MAX_PENDING_PER_TENANT {
+            return Err(ApprovalError::TooMany);
+        }
+        let held = HeldCall {
+            caller: caller.clone(),
+            tool: tool.to_owned(),
+            args,
+            held_at_ms: now,
+        };
+        self.store.held_call_put(call_id, &held)?;
+        pending.insert(call_id.to_owned(), held);
+        Ok(())
+    }
+
+    /// Removes the call, so that it is decided at most once, also across a restart.
+    pub fn take(&self, tenant: &str, call_id: &str) -> Result<HeldCall, ApprovalError> {
+        let now = now_ms();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let owned = pending
+            .get(call_id)
+            .is_some_and(|held| held.caller.tenant == tenant && !expired(held, now));
+        if !owned {
+            return Err(ApprovalError::NotPending(call_id.to_owned()));
+        }
+        self.store.held_call_remove(call_id)?;
+        pending
+            .remove(call_id)
+            .ok_or_else(|| ApprovalError::NotPending(call_id.to_owned()))
+    }
+
+    pub fn list(&self, tenant: &str) -> Vec<PendingCall> {
+        let now = now_ms();
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut calls: Vec<PendingCall> = pending
+            .iter()
+            .filter(|(_, held)| held.caller.tenant == tenant && !expired(held, now))
+            .map(|(id, held)| PendingCall {
+                call_id: id.clone(),
+                tool: held.tool.clone(),
+                args: held.args.clone(),
+                waiting_ms: held.waiting_ms(now),
+            })
+            .collect();
+        calls.sort_by(|a, b| {
+            b.waiting_ms
+                .cmp(&a.waiting_ms)
+                .then(a.call_id.cmp(&b.call_id))
+        });
+        calls
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolhost_store::SledStore;
+
+    #[test]
+    fn calls_that_expired_while_the_host_was_down_are_dropped_at_load() {
+        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let held = |age: Duration| HeldCall {
+            caller: Caller::tenant("acme"),
+            tool: "wire_money".into(),
+            args: Value::Null,
+            held_at_ms: now_ms() - age.as_millis() as u64,
+        };
+        store
+            .held_call_put("old", &held(PENDING_TTL + Duration::from_secs(1)))
+            .unwrap();
+        store
+            .held_call_put("fresh", &held(Duration::from_secs(60)))
+            .unwrap();
+        let approvals = Approvals::load(store.clone()).unwrap();
+        let listed: Vec<String> = approvals
+            .list("acme")
+            .into_iter()
+            .map(|p| p.call_id)
+            .collect();
+        assert_eq!(listed, ["fresh"]);
+        let stored: Vec<String> = store
+            .held_calls()
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(
+            stored,
+            ["fresh"],
+            "the expired record is gone from the store too"
+        );
+        assert!(matches!(
+            approvals.take("acme", "old"),
+            Err(ApprovalError::NotPending(_))
+        ));
+    }
+}

@@ -1,0 +1,487 @@
+//! Which tools exist, and changing that: install (components, HTTP tools, JS source),
+//! versions, rollback, removal, listing, and resolving a name for a call. Each tenant's tools
+//! are kept in memory, rebuilt from the store at start, beside the app's native tools.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use toolhost_sandbox::GuestToolDef;
+use toolhost_spec::digest::sha256_hex;
+use toolhost_spec::export::{self, Format};
+use toolhost_spec::schema::ArgsValidator;
+use toolhost_spec::spec::{CachePolicy, Limits, SpecError, ToolSpec};
+use toolhost_store::{SourceKind, Store, StoreError, ToolEntry, now_ms};
+
+use crate::components::Components;
+use crate::config::{MAX_JS_SOURCE_BYTES, MAX_TOOLS_PER_COMPONENT};
+use crate::error::{InstallError, ManageError};
+use crate::http_tool::HttpToolDef;
+use crate::registry::{NativeRegistry, NativeTool, TenantTool, TenantTools, is_valid_tenant};
+
+/// A stored-source JS tool as stored: its source, and the runtime (by component sha256) it
+/// was installed on and keeps running on, so a new runtime never changes an installed tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JsSource {
+    pub runtime: String,
+    pub source: String,
+}
+
+/// Where a tool's code comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Source {
+    Native,
+    Wasm {
+        component: String,
+        version: u32,
+        installed_at_ms: u64,
+    },
+    /// A declarative HTTP request; `definition` is its sha256.
+    Http {
+        definition: String,
+        version: u32,
+        installed_at_ms: u64,
+    },
+    /// JavaScript source on the host's runtime; `source` is its sha256.
+    Js {
+        source: String,
+        version: u32,
+        installed_at_ms: u64,
+    },
+}
+
+/// A tool as listed: its spec and where it comes from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolInfo {
+    pub spec: ToolSpec,
+    pub source: Source,
+}
+
+/// A tool resolved for one call.
+pub(crate) enum Resolved {
+    Native(Arc<NativeTool>),
+    Tenant(Arc<TenantTool>),
+}
+
+impl Resolved {
+    pub fn spec(&self) -> &ToolSpec {
+        match self {
+            Resolved::Native(tool) => &tool.spec,
+            Resolved::Tenant(tool) => tool.spec(),
+        }
+    }
+
+    pub fn validator(&self) -> &ArgsValidator {
+        match self {
+            Resolved::Native(tool) => &tool.validator,
+            Resolved::Tenant(tool) => &tool.validator,
+        }
+    }
+
+    /// Natives have no versions: 0.
+    pub fn version(&self) -> u32 {
+        match self {
+            Resolved::Native(_) => 0,
+            Resolved::Tenant(tool) => tool.version.version,
+        }
+    }
+}
+
+pub(crate) struct Catalog {
+    natives: NativeRegistry,
+    tools: TenantTools,
+    store: Arc<dyn Store>,
+    components: Arc<Components>,
+    /// Serializes read-modify-write of tool entries (install, rollback, remove), so that two
+    /// installs of one tool cannot both become version N+1. Never held across an `await`.
+    entry_writes: Mutex<()>,
+    /// The tenant whose visible tools changed, for subscribers such as MCP sessions.
+    changes: tokio::sync::broadcast::Sender<String>,
+    /// Bumped on every catalog change, so caches of listings know to rebuild.
+    generation: AtomicU64,
+    /// The JS runtime new JS tools are installed on, by component sha256.
+    js_runtime: Option<String>,
+}
+
+impl Catalog {
+    /// Every tenant's tools as stored. A stored tool that no longer passes the rules is
+    /// skipped, loudly, rather than refusing to start.
+    pub fn load(
+        store: Arc<dyn Store>,
+        components: Arc<Components>,
+        js_runtime: Option<String>,
+    ) -> Result<Self, StoreError> {
+        let tools = TenantTools::default();
+        for entry in store.tool_entries()? {
+            match tenant_tool(&entry) {
+                Ok(tool) => tools.insert(tool),
+                Err(error) => {
+                    tracing::error!(tenant = entry.tenant, %error, "stored tool no longer valid; not loaded")
+                }
+            }
+        }
+        Ok(Catalog {
+            natives: NativeRegistry::default(),
+            tools,
+            store,
+            components,
+            entry_writes: Mutex::new(()),
+            changes: tokio::sync::broadcast::channel(256).0,
+            generation: AtomicU64::new(0),
+            js_runtime,
+        })
+    }
+
+    pub fn natives(&self) -> &NativeRegistry {
+        &self.natives
+    }
+
+    /// Native first: a tenant never shadows a native name.
+    pub fn resolve(&self, tenant: &str, name: &str) -> Option<Resolved> {
+        match self.natives.get(name) {
+            Some(native) => Some(Resolved::Native(native)),
+            None => self.tools.get(tenant, name).map(Resolved::Tenant),
+        }
+    }
+
+    pub async fn install(
+        &self,
+        tenant: &str,
+        component: Vec<u8>,
+    ) -> Result<Vec<ToolSpec>, InstallError> {
+        check_tenant(tenant)?;
+        let component = self.components.compile(component).await?;
+        let defs = self
+            .components
+            .sandbox()
+            .list_tools(&component.prepared, &Limits::default())
+            .await
+            .result
+            .map_err(InstallError::ListTools)?;
+        let specs = self.check_defs(tenant, defs)?;
+        let _writing = self.lock_entries();
+        let sha = component.sha.clone();
+        self.components.keep(component)?;
+        self.add_versions(tenant, SourceKind::Wasm, &specs, &sha)?;
+        Ok(specs)
+    }
+
+    pub fn install_http(&self, tenant: &str, def: HttpToolDef) -> Result<ToolSpec, InstallError> {
+        check_tenant(tenant)?;
+        let spec = def.validate()?;
+        self.check_name(tenant, &spec, &[])?;
+        let request = serde_json::to_vec(&def.request).expect("a request definition serializes");
+        self.add_blob_version(tenant, SourceKind::Http, spec, &request)
+    }
+
+    pub async fn install_js(&self, tenant: &str, source: &str) -> Result<ToolSpec, InstallError> {
+        check_tenant(tenant)?;
+        if source.len() > MAX_JS_SOURCE_BYTES {
+            return Err(InstallError::JsTooLarge { size: source.len() });
+        }
+        let runtime = self.js_runtime.clone().ok_or(InstallError::NoJsRuntime)?;
+        let prepared = self
+            .components
+            .prepared(&runtime)
+            .await
+            .map_err(|message| InstallError::JsSource(format!("the runtime: {message}")))?;
+        let described = self
+            .components
+            .sandbox()
+            .js_describe(&prepared, &Limits::default(), source)
+            .await;
+        let spec_json = match described.result {
+            Ok(Ok(json)) => json,
+            Ok(Err(message)) => return Err(InstallError::JsSource(message)),
+            Err(fault) => return Err(InstallError::JsSource(format!("evaluating it {fault}"))),
+        };
+        let spec: ToolSpec = serde_json::from_str(&spec_json)
+            .map_err(|e| SpecError::new("(js)", "spec", format!("not a tool spec: {e}")))?;
+        spec.validate()?;
+        self.check_name(tenant, &spec, &[])?;
+        let stored = JsSource {
+            runtime,
+            source: source.to_owned(),
+        };
+        let blob = serde_json::to_vec(&stored).expect("a JS source serializes");
+        self.add_blob_version(tenant, SourceKind::Js, spec, &blob)
+    }
+
+    /// Stores `blob` and makes it the new version of `spec`'s tool.
+    fn add_blob_version(
+        &self,
+        tenant: &str,
+        kind: SourceKind,
+        spec: ToolSpec,
+        blob: &[u8],
+    ) -> Result<ToolSpec, InstallError> {
+        let sha = sha256_hex(blob);
+        let _writing = self.lock_entries();
+        self.store.put_blob(&sha, blob)?;
+        self.add_versions(tenant, kind, std::slice::from_ref(&spec), &sha)?;
+        Ok(spec)
+    }
+
+    /// Adds a version implemented by blob `sha` to each tool of `specs`, written together.
+    /// The caller holds the entry lock and has stored the blob.
+    fn add_versions(
+        &self,
+        tenant: &str,
+        kind: SourceKind,
+        specs: &[ToolSpec],
+        sha: &str,
+    ) -> Result<(), InstallError> {
+        let installed_at_ms = now_ms();
+        let mut entries = self.store.tool_entries_of(tenant)?;
+        let mut changed = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let mut entry = match entries.iter().position(|e| e.name == spec.name) {
+                Some(at) => entries.swap_remove(at),
+                None => ToolEntry {
+                    tenant: tenant.to_owned(),
+                    name: spec.name.clone(),
+                    current: 0,
+                    versions: Vec::new(),
+                },
+            };
+            entry.push(kind, spec.clone(), sha.to_owned(), installed_at_ms);
+            changed.push(entry);
+        }
+        self.store.put_tool_entries(&changed)?;
+        for entry in &changed {
+            self.tools.insert(tenant_tool(entry)?);
+        }
+        self.changed(tenant);
+        Ok(())
+    }
+
+    fn check_defs(
+        &self,
+        tenant: &str,
+        defs: Vec<GuestToolDef>,
+    ) -> Result<Vec<ToolSpec>, InstallError> {
+        match defs.len() {
+            0 => return Err(InstallError::NoTools),
+            count if count > MAX_TOOLS_PER_COMPONENT => {
+                return Err(InstallError::TooManyTools { count });
+            }
+            _ => {}
+        }
+        let mut specs: Vec<ToolSpec> = Vec::with_capacity(defs.len());
+        for def in defs {
+            let spec = spec_from_guest(def)?;
+            spec.validate()?;
+            self.check_name(tenant, &spec, &specs)?;
+            specs.push(spec);
+        }
+        Ok(specs)
+    }
+
+    /// A tenant's tool may not take a native's name, nor differ only in case from a native,
+    /// another of its tools, or one installed along with it (`siblings`).
+    fn check_name(
+        &self,
+        tenant: &str,
+        spec: &ToolSpec,
+        siblings: &[ToolSpec],
+    ) -> Result<(), InstallError> {
+        let name = &spec.name;
+        if self.natives.get(name).is_some() {
+            return Err(InstallError::NativeName(name.clone()));
+        }
+        let twin = self
+            .natives
+            .case_twin(name)
+            .or_else(|| self.tools.case_twin(tenant, name))
+            .or_else(|| {
+                siblings
+                    .iter()
+                    .find(|s| s.name.eq_ignore_ascii_case(name))
+                    .map(|s| s.name.clone())
+            });
+        match twin {
+            Some(existing) if existing == *name && siblings.iter().any(|s| s.name == *name) => {
+                Err(SpecError::new(name, "name", "appears twice in this component").into())
+            }
+            Some(existing) if existing != *name => Err(InstallError::CaseConflict {
+                name: name.clone(),
+                existing,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Natives, then the tenant's own; private ones left out.
+    pub fn list(&self, tenant: &str) -> Vec<ToolInfo> {
+        let natives = self.natives.all().into_iter().map(|t| native_info(&t));
+        let tenant_tools = self.tools.tenant_tools(tenant);
+        let own = tenant_tools.iter().map(|t| tenant_info(t));
+        natives
+            .chain(own)
+            .filter(|info| !info.spec.private)
+            .collect()
+    }
+
+    pub fn export(&self, tenant: &str, format: Format) -> Vec<Value> {
+        let listed = self.list(tenant);
+        export::tools(listed.iter().map(|t| &t.spec), format)
+    }
+
+    pub fn describe(&self, tenant: &str, name: &str) -> Option<ToolInfo> {
+        match self.resolve(tenant, name)? {
+            Resolved::Native(native) => Some(native_info(&native)),
+            Resolved::Tenant(tool) => Some(tenant_info(&tool)),
+        }
+    }
+
+    pub fn versions(&self, tenant: &str, name: &str) -> Result<ToolEntry, ManageError> {
+        self.store
+            .tool_entries_of(tenant)?
+            .into_iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| ManageError::NotFound(name.to_owned()))
+    }
+
+    pub fn rollback(&self, tenant: &str, name: &str, to: Option<u32>) -> Result<u32, ManageError> {
+        let _writing = self.lock_entries();
+        let mut entry = self.versions(tenant, name)?;
+        let target = match to {
+            Some(version) => version,
+            None => entry
+                .versions
+                .iter()
+                .map(|v| v.version)
+                .filter(|&v| v < entry.current)
+                .max()
+                .ok_or_else(|| ManageError::NoEarlierVersion(name.to_owned()))?,
+        };
+        if entry.version(target).is_none() {
+            let available = entry.versions.iter().map(|v| v.version).collect();
+            return Err(ManageError::NoSuchVersion {
+                name: name.to_owned(),
+                version: target,
+                available,
+            });
+        }
+        entry.current = target;
+        let tool = tenant_tool(&entry)?;
+        self.store.put_tool_entries(std::slice::from_ref(&entry))?;
+        self.tools.insert(tool);
+        self.changed(tenant);
+        Ok(target)
+    }
+
+    pub fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
+        let _writing = self.lock_entries();
+        if self.tools.get(tenant, name).is_none() {
+            return Ok(false);
+        }
+        self.store.remove_tool_entry(tenant, name)?;
+        let removed = self.tools.remove(tenant, name);
+        self.changed(tenant);
+        Ok(removed)
+    }
+
+    pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.changes.subscribe()
+    }
+
+    pub fn generation(&self) -> (u64, u64) {
+        (
+            self.generation.load(Ordering::Acquire),
+            self.natives.generation(),
+        )
+    }
+
+    fn changed(&self, tenant: &str) {
+        self.generation.fetch_add(1, Ordering::Release);
+        // No receivers is fine: nobody is listening.
+        let _ = self.changes.send(tenant.to_owned());
+    }
+
+    fn lock_entries(&self) -> MutexGuard<'_, ()> {
+        self.entry_writes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn check_tenant(tenant: &str) -> Result<(), InstallError> {
+    match is_valid_tenant(tenant) {
+        true => Ok(()),
+        false => Err(InstallError::Tenant(tenant.chars().take(128).collect())),
+    }
+}
+
+fn tenant_tool(entry: &ToolEntry) -> Result<TenantTool, SpecError> {
+    let version = entry.current().clone();
+    let validator = version.spec.validate()?;
+    Ok(TenantTool {
+        tenant: entry.tenant.clone(),
+        version,
+        validator,
+    })
+}
+
+fn spec_from_guest(def: GuestToolDef) -> Result<ToolSpec, SpecError> {
+    let parameters = serde_json::from_str(&def.parameters)
+        .map_err(|e| SpecError::new(&def.name, "parameters", format!("not JSON: {e}")))?;
+    let defaults = Limits::default();
+    Ok(ToolSpec {
+        name: def.name,
+        description: def.description,
+        parameters,
+        strict: def.strict,
+        group: def.group,
+        private: def.private,
+        limits: Limits {
+            timeout_ms: def.limits.timeout_ms.unwrap_or(defaults.timeout_ms),
+            fuel: def.limits.fuel.unwrap_or(defaults.fuel),
+            memory_bytes: def.limits.memory_bytes.unwrap_or(defaults.memory_bytes),
+            max_result_chars: def
+                .limits
+                .max_result_chars
+                .unwrap_or(defaults.max_result_chars),
+        },
+        cache: def.cache.map(|c| CachePolicy {
+            ttl_ms: c.ttl_ms,
+            key_path: c.key_path,
+        }),
+        config: def.config,
+        needs_approval: def.needs_approval,
+        idempotent: def.idempotent,
+        retry_count_on_stall: def.retry_count_on_stall,
+    })
+}
+
+fn native_info(tool: &NativeTool) -> ToolInfo {
+    ToolInfo {
+        spec: tool.spec.clone(),
+        source: Source::Native,
+    }
+}
+
+fn tenant_info(tool: &TenantTool) -> ToolInfo {
+    let (version, installed_at_ms) = (tool.version.version, tool.version.installed_at_ms);
+    let sha = tool.version.component.clone();
+    ToolInfo {
+        spec: tool.spec().clone(),
+        source: match tool.version.kind {
+            SourceKind::Wasm => Source::Wasm {
+                component: sha,
+                version,
+                installed_at_ms,
+            },
+            SourceKind::Http => Source::Http {
+                definition: sha,
+                version,
+                installed_at_ms,
+            },
+            SourceKind::Js => Source::Js {
+                source: sha,
+                version,
+                installed_at_ms,
+            },
+        },
+    }
+}

@@ -1,0 +1,56 @@
+//! How a host is set up, and the fixed limits every tenant shares.
+
+use std::path::PathBuf;
+
+use toolhost_sandbox::SandboxConfig;
+use toolhost_sandbox::egress::EgressConfig;
+use toolhost_spec::policy::TenantPolicy;
+
+/// The largest JavaScript source `install_js` accepts, in bytes.
+pub const MAX_JS_SOURCE_BYTES: usize = 1 << 20;
+/// How deep `call-tool` calls may nest below a direct call.
+pub const MAX_NESTING_DEPTH: u32 = 4;
+/// A component may offer at most this many tools.
+pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
+/// A configuration value is at most this many bytes.
+pub const MAX_CONFIG_VALUE_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct HostConfig {
+    /// Where installed tools persist. `None` keeps everything in memory.
+    pub data_dir: Option<PathBuf>,
+    pub sandbox: SandboxConfig,
+    /// Linked components kept in memory; past this the least recently used is dropped and
+    /// reloaded from its stored artifact on its next call.
+    pub max_loaded_components: usize,
+    /// A directory on this machine where compiled artifacts are shared, checked before
+    /// compiling: hosts (and test runs) that share it compile each component once per engine.
+    pub artifact_dir: Option<PathBuf>,
+    /// The store's page cache, in bytes.
+    pub store_cache_bytes: u64,
+    /// The policy of every tenant that has none of its own (`Host::set_policy`).
+    pub default_policy: TenantPolicy,
+    /// Where outbound requests may go.
+    pub egress: EgressConfig,
+    /// Root of tenants' granted directories [default: `data_dir/files`; none in memory].
+    pub files_dir: Option<PathBuf>,
+    /// The JavaScript runtime component (`scripts/build-js-runtime`) that runs stored-source
+    /// JS tools; without it `install_js` refuses.
+    pub js_runtime: Option<Vec<u8>>,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            data_dir: None,
+            sandbox: SandboxConfig::default(),
+            max_loaded_components: 256,
+            artifact_dir: None,
+            store_cache_bytes: 64 << 20,
+            default_policy: TenantPolicy::default(),
+            egress: EgressConfig::default(),
+            files_dir: None,
+            js_runtime: None,
+        }
+    }
+}

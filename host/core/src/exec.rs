@@ -1,0 +1,291 @@
+//! Running one resolved tool once under its (narrowed) limits: a component or JS source in a
+//! fresh sandboxed instance, an HTTP tool's request, or a native handler in its own task.
+//! Every failure becomes a [`CallError`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use toolhost_sandbox::egress::EgressConfig;
+use toolhost_sandbox::{Entry, Fault, GuestToolError, Helpers, NestedCall};
+use toolhost_spec::call::{CallContext, CallError, ToolError};
+use toolhost_spec::policy::TenantPolicy;
+use toolhost_spec::spec::Limits;
+use toolhost_store::{SourceKind, Store};
+
+use crate::catalog::JsSource;
+use crate::components::Components;
+use crate::grants;
+use crate::http_tool::HttpRequestDef;
+use crate::metrics::Metrics;
+use crate::registry::{NativeTool, TenantTool};
+
+/// A tool's own error message is cut to this many characters.
+pub(crate) const MAX_ERROR_CHARS: usize = 4096;
+
+pub(crate) struct Executors {
+    components: Arc<Components>,
+    store: Arc<dyn Store>,
+    egress: Arc<EgressConfig>,
+    /// Where tenants' granted directories live, one directory per tenant.
+    files_dir: Option<PathBuf>,
+    /// Parsed HTTP request definitions by blob sha256; small, and shared by versions.
+    http_requests: Mutex<HashMap<String, Arc<HttpRequestDef>>>,
+    /// Stored JS sources by blob sha256.
+    js_sources: Mutex<HashMap<String, Arc<JsSource>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Executors {
+    pub fn new(
+        components: Arc<Components>,
+        store: Arc<dyn Store>,
+        egress: EgressConfig,
+        files_dir: Option<PathBuf>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Executors {
+            components,
+            store,
+            egress: Arc::new(egress),
+            files_dir,
+            http_requests: Mutex::default(),
+            js_sources: Mutex::default(),
+            metrics,
+        }
+    }
+
+    pub fn tenant_files(&self, tenant: &str) -> Option<PathBuf> {
+        let files_dir = self.files_dir.as_deref()?;
+        Some(grants::tenant_dir(files_dir, tenant))
+    }
+
+    /// A tenant's tool, by the kind of its source; the fuel it used, for Wasm.
+    pub async fn run_tenant_tool<F, Fut>(
+        &self,
+        tool: &TenantTool,
+        limits: &Limits,
+        args: &Value,
+        (helpers, ctx, policy): (&Helpers, &CallContext, &TenantPolicy),
+        serve_nested: F,
+    ) -> (Result<Value, CallError>, Option<u64>)
+    where
+        F: Fn(NestedCall) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        match tool.version.kind {
+            SourceKind::Http => (self.run_http(tool, limits, args, helpers).await, None),
+            SourceKind::Wasm | SourceKind::Js => {
+                let call = (helpers, ctx, policy);
+                self.run_wasm(tool, limits, args, call, serve_nested).await
+            }
+        }
+    }
+
+    async fn run_http(
+        &self,
+        tool: &TenantTool,
+        limits: &Limits,
+        args: &Value,
+        helpers: &Helpers,
+    ) -> Result<Value, CallError> {
+        let request = self
+            .parsed_blob(
+                &self.http_requests,
+                &tool.version.component,
+                "request definition",
+            )
+            .map_err(|message| CallError::Internal { message })?;
+        let deadline = tokio::time::Instant::now() + limits.timeout();
+        let call = crate::http_tool::call(&request, args, helpers, &self.egress, deadline);
+        match tokio::time::timeout_at(deadline, call).await {
+            Ok(result) => result.map_err(CallError::Tool),
+            Err(_elapsed) => Err(CallError::Timeout {
+                limit_ms: limits.timeout_ms,
+            }),
+        }
+    }
+
+    /// A component, or JS source on the runtime it was installed on, in a fresh instance.
+    /// The guest's `call-tool` requests go to `serve_nested` while it waits.
+    async fn run_wasm<F, Fut>(
+        &self,
+        tool: &TenantTool,
+        limits: &Limits,
+        args: &Value,
+        (helpers, ctx, policy): (&Helpers, &CallContext, &TenantPolicy),
+        serve_nested: F,
+    ) -> (Result<Value, CallError>, Option<u64>)
+    where
+        F: Fn(NestedCall) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let internal = |message| (Err(CallError::Internal { message }), None);
+        let js = match tool.version.kind {
+            SourceKind::Js => {
+                match self.parsed_blob(&self.js_sources, &tool.version.component, "JS source") {
+                    Ok(js) => Some(js),
+                    Err(message) => return internal(message),
+                }
+            }
+            _ => None,
+        };
+        let component = js
+            .as_ref()
+            .map_or(&tool.version.component, |js| &js.runtime);
+        let prepared = match self.components.prepared(component).await {
+            Ok(prepared) => prepared,
+            Err(message) => return internal(message),
+        };
+        let args = args.to_string();
+        let entry = match &js {
+            Some(js) => Entry::Js {
+                source: &js.source,
+                args: &args,
+            },
+            None => Entry::Tool { args: &args },
+        };
+        let root = self.tenant_files(&ctx.tenant);
+        let permissions = grants::permissions(policy, &ctx.tool, root, &self.egress, helpers);
+        let mut permissions = match permissions.await {
+            Ok(permissions) => permissions,
+            Err(message) => return internal(message),
+        };
+        let (tools, mut nested_calls) = tokio::sync::mpsc::channel(1);
+        permissions.tools = Some(tools);
+        let _live = self.metrics.instance();
+        let sandbox = self.components.sandbox();
+        let run = sandbox.call(&prepared, limits, helpers.clone(), &permissions, entry, ctx);
+        tokio::pin!(run);
+        // The guest waits in `call-tool` while its nested call runs here.
+        let run = loop {
+            tokio::select! {
+                run = &mut run => break run,
+                Some(nested) = nested_calls.recv() => serve_nested(nested).await,
+            }
+        };
+        let result = match run.result {
+            Ok(Ok(text)) => serde_json::from_str(&text).map_err(|e| CallError::InvalidOutput {
+                reason: format!("not JSON ({e}): {}", truncate(&text, 80)),
+            }),
+            Ok(Err(GuestToolError::InvalidArgs(m))) => {
+                Err(ToolError::InvalidArgs(truncate(&m, MAX_ERROR_CHARS)).into())
+            }
+            Ok(Err(GuestToolError::Failed(m))) => {
+                Err(ToolError::Failed(truncate(&m, MAX_ERROR_CHARS)).into())
+            }
+            Err(fault) => Err(fault_to_error(fault, limits, helpers)),
+        };
+        (result, Some(run.fuel_used))
+    }
+
+    /// A stored JSON blob (an HTTP request definition, a JS source), parsed once and kept:
+    /// blobs are content-addressed, so a parsed one never goes stale.
+    fn parsed_blob<T: DeserializeOwned>(
+        &self,
+        cache: &Mutex<HashMap<String, Arc<T>>>,
+        sha: &str,
+        what: &str,
+    ) -> Result<Arc<T>, String> {
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(parsed) = cache.get(sha) {
+            return Ok(parsed.clone());
+        }
+        let bytes = self
+            .store
+            .blob(sha)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{what} {sha} is missing from the store"))?;
+        let parsed: Arc<T> = Arc::new(
+            serde_json::from_slice(&bytes)
+                .map_err(|e| format!("{what} {sha} is unreadable: {e}"))?,
+        );
+        cache.insert(sha.to_owned(), parsed.clone());
+        Ok(parsed)
+    }
+}
+
+/// A native handler in its own task, so that a panic in it stays in that task.
+pub(crate) async fn run_native(
+    tool: &NativeTool,
+    limits: &Limits,
+    args: Value,
+    helpers: Helpers,
+    ctx: CallContext,
+) -> Result<Value, CallError> {
+    let mut task = tokio::spawn((tool.handler)(args, helpers, ctx));
+    match tokio::time::timeout(limits.timeout(), &mut task).await {
+        Err(_elapsed) => {
+            task.abort();
+            Err(CallError::Timeout {
+                limit_ms: limits.timeout_ms,
+            })
+        }
+        Ok(Ok(result)) => result.map_err(CallError::Tool),
+        Ok(Err(join)) => Err(CallError::Trap {
+            message: match join.try_into_panic() {
+                Ok(payload) => panic_message(payload.as_ref()),
+                Err(cancelled) => cancelled.to_string(),
+            },
+        }),
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    format!("native tool panicked: {text}")
+}
+
+fn fault_to_error(fault: Fault, limits: &Limits, helpers: &Helpers) -> CallError {
+    match fault {
+        Fault::Timeout => CallError::Timeout {
+            limit_ms: limits.timeout_ms,
+        },
+        Fault::OutOfFuel => CallError::OutOfFuel { limit: limits.fuel },
+        Fault::MemoryLimit => CallError::MemoryLimit {
+            limit_bytes: limits.memory_bytes,
+        },
+        Fault::Trap(trap) => {
+            let message = match helpers.snapshot().guest_panic() {
+                Some(panic) => format!(
+                    "{trap}; the guest panicked: {}",
+                    truncate(panic, MAX_ERROR_CHARS)
+                ),
+                None => trap,
+            };
+            CallError::Trap { message }
+        }
+        Fault::Host(message) => CallError::Internal { message },
+    }
+}
+
+/// A tool's own words may quote a secret it read: never pass one on.
+pub(crate) fn redact_error(error: CallError, helpers: &Helpers) -> CallError {
+    match error {
+        CallError::Tool(ToolError::Failed(m)) => ToolError::Failed(helpers.redact(&m)).into(),
+        CallError::Tool(ToolError::InvalidArgs(m)) => {
+            ToolError::InvalidArgs(helpers.redact(&m)).into()
+        }
+        CallError::Trap { message } => CallError::Trap {
+            message: helpers.redact(&message),
+        },
+        CallError::InvalidOutput { reason } => CallError::InvalidOutput {
+            reason: helpers.redact(&reason),
+        },
+        other => other,
+    }
+}
+
+pub(crate) fn truncate(text: &str, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}

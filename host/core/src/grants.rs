@@ -1,0 +1,137 @@
+//! What a tenant's policy grants one tool, as the sandbox's [`Permissions`]: HTTP
+//! destinations, and directories under the tenant's files root (read-only for the call while
+//! the tenant is at its files quota).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use toolhost_sandbox::egress::EgressConfig;
+use toolhost_sandbox::{Helpers, Permissions, Preopen};
+use toolhost_spec::call::Level;
+use toolhost_spec::digest::sha256_hex;
+use toolhost_spec::policy::{DEFAULT_FILES_QUOTA_BYTES, DirGrant, TenantPolicy};
+
+/// The directory that holds `tenant`'s granted directories under `files_dir`. Tenant ids may
+/// hold any printable character, so one is never a path component as is.
+pub fn tenant_dir(files_dir: &Path, tenant: &str) -> PathBuf {
+    files_dir.join(&sha256_hex(tenant.as_bytes())[..32])
+}
+
+/// The sandbox's view of `grants` under the tenant's `root`: pure, so the mapping is tested
+/// without a sandbox. `full`: the tenant is at its files quota, so nothing is writable.
+pub fn preopens(grants: &[DirGrant], root: &Path, full: bool) -> Vec<Preopen> {
+    grants
+        .iter()
+        .map(|grant| Preopen {
+            host: root.join(&grant.dir),
+            guest: grant.guest.clone(),
+            write: grant.write && !full,
+        })
+        .collect()
+}
+
+/// The permissions of one call of `tool`; `tenant_root` is `None` for an in-memory host.
+pub async fn permissions(
+    policy: &TenantPolicy,
+    tool: &str,
+    tenant_root: Option<PathBuf>,
+    egress: &Arc<EgressConfig>,
+    helpers: &Helpers,
+) -> Result<Permissions, String> {
+    let grants = policy.grants_for(tool);
+    let mut permissions = Permissions {
+        network: grants.network,
+        egress: egress.clone(),
+        dirs: Vec::new(),
+        tools: None,
+    };
+    if grants.filesystem.is_empty() {
+        return Ok(permissions);
+    }
+    let root =
+        tenant_root.ok_or("filesystem grants need a data directory (HostConfig::data_dir)")?;
+    let quota = policy
+        .files_quota_bytes
+        .unwrap_or(DEFAULT_FILES_QUOTA_BYTES);
+    let dirs = grants.filesystem;
+    let (dirs, used) = tokio::task::spawn_blocking(move || {
+        for dir in &dirs {
+            std::fs::create_dir_all(root.join(&dir.dir))
+                .map_err(|e| format!("cannot create the granted directory {}: {e}", dir.dir))?;
+        }
+        let used = bytes_under(&root);
+        Ok::<_, String>((preopens(&dirs, &root, false), used))
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let full = used >= quota;
+    if full {
+        helpers.log(
+            Level::Warn,
+            &format!(
+                "the tenant's files hold {used} bytes, at or over its quota of {quota} (files_quota_bytes): granted directories are read-only for this call"
+            ),
+        );
+    }
+    permissions.dirs = dirs
+        .into_iter()
+        .map(|dir| Preopen {
+            write: dir.write && !full,
+            ..dir
+        })
+        .collect();
+    Ok(permissions)
+}
+
+/// Bytes of the regular files under `root`, not following symlinks.
+fn bytes_under(root: &Path) -> u64 {
+    let mut total = 0;
+    let mut pending = vec![root.to_owned()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.metadata() {
+                Ok(meta) if meta.is_dir() => pending.push(entry.path()),
+                Ok(meta) if meta.is_file() => total += meta.len(),
+                _ => {}
+            }
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_map_under_the_tenant_root_and_a_full_quota_makes_them_read_only() {
+        let grants = [
+            DirGrant {
+                dir: "notes".into(),
+                guest: "/notes".into(),
+                write: true,
+            },
+            DirGrant {
+                dir: "shared/ro".into(),
+                guest: "/ro".into(),
+                write: false,
+            },
+        ];
+        let root = Path::new("/files/abc");
+        let open = preopens(&grants, root, false);
+        assert_eq!(open[0].host, Path::new("/files/abc/notes"));
+        assert_eq!((open[0].write, open[1].write), (true, false));
+        assert_eq!(open[1].guest, "/ro");
+        assert!(preopens(&grants, root, true).iter().all(|p| !p.write));
+    }
+
+    #[test]
+    fn a_tenant_id_never_becomes_a_path_component() {
+        let dir = tenant_dir(Path::new("/files"), "../../etc");
+        assert_eq!(dir.parent(), Some(Path::new("/files")));
+        assert_eq!(dir.file_name().unwrap().len(), 32);
+    }
+}

@@ -1,0 +1,312 @@
+//! [`Host`]: the one type an app embeds. A facade: each method hands its work to the part
+//! that owns it (the catalog, tenants, or the call pipeline) and adds nothing of its own.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::Value;
+use toolhost_sandbox::Sandbox;
+use toolhost_spec::call::{CallOutcome, Caller};
+use toolhost_spec::digest::sha256_hex;
+use toolhost_spec::export::Format;
+use toolhost_spec::policy::TenantPolicy;
+use toolhost_spec::spec::ToolSpec;
+use toolhost_store::{KeyRecord, SledStore, Store, StoreError, ToolEntry, now_ms};
+
+use crate::admission::Admission;
+use crate::approval::{ApprovalError, Approvals, PendingCall};
+use crate::artifacts::ArtifactDir;
+use crate::catalog::{Catalog, ToolInfo};
+use crate::components::Components;
+use crate::config::HostConfig;
+use crate::error::{InstallError, ManageError, OpenError};
+use crate::exec::Executors;
+use crate::hooks::CallHook;
+use crate::http_tool::HttpToolDef;
+use crate::metrics::Metrics;
+use crate::pipeline::{Budget, Pipeline};
+use crate::registry::NativeRegistry;
+use crate::tenants::{NewKey, Tenants};
+
+pub struct Host {
+    catalog: Arc<Catalog>,
+    tenants: Arc<Tenants>,
+    components: Arc<Components>,
+    pipeline: Pipeline,
+}
+
+impl Host {
+    /// Opens the data directory (or an in-memory store) and loads every tenant's catalog.
+    /// Components are loaded lazily, on first call.
+    pub fn open(config: HostConfig) -> Result<Self, OpenError> {
+        let store: Arc<dyn Store> = match &config.data_dir {
+            Some(dir) => Arc::new(SledStore::open(dir, config.store_cache_bytes)?),
+            None => Arc::new(SledStore::temporary()?),
+        };
+        Self::with_store(store, config)
+    }
+
+    /// A host over any [`Store`]; `config.data_dir` is ignored.
+    pub fn with_store(store: Arc<dyn Store>, config: HostConfig) -> Result<Self, OpenError> {
+        let sandbox =
+            Sandbox::new(config.sandbox).map_err(|e| OpenError::Engine(format!("{e:#}")))?;
+        let metrics = Arc::new(Metrics::default());
+        let artifact_dir = match &config.artifact_dir {
+            Some(path) => {
+                Some(
+                    ArtifactDir::open(path).map_err(|error| OpenError::ArtifactDir {
+                        path: path.clone(),
+                        error,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let components = Arc::new(Components::new(
+            Arc::new(sandbox),
+            store.clone(),
+            config.max_loaded_components,
+            artifact_dir,
+            metrics.clone(),
+        ));
+        // Stored once, like any component; compiled on first use and its artifact kept.
+        let js_runtime = match &config.js_runtime {
+            Some(bytes) => {
+                let sha = sha256_hex(bytes);
+                if store.blob(&sha)?.is_none() {
+                    store.put_blob(&sha, bytes)?;
+                }
+                Some(sha)
+            }
+            None => None,
+        };
+        let catalog = Arc::new(Catalog::load(
+            store.clone(),
+            components.clone(),
+            js_runtime,
+        )?);
+        let tenants = Arc::new(Tenants::new(store.clone(), config.default_policy));
+        let purged = store.cache_purge(now_ms())?;
+        tracing::debug!(purged, "expired cached results dropped");
+        let files_dir = config
+            .files_dir
+            .or(config.data_dir.map(|d| d.join("files")));
+        let exec = Executors::new(
+            components.clone(),
+            store.clone(),
+            config.egress,
+            files_dir,
+            metrics.clone(),
+        );
+        let pipeline = Pipeline {
+            catalog: catalog.clone(),
+            tenants: tenants.clone(),
+            exec,
+            approvals: Approvals::load(store.clone())?,
+            store,
+            admission: Admission::default(),
+            hooks: Default::default(),
+            metrics,
+            call_ids: Default::default(),
+        };
+        Ok(Host {
+            catalog,
+            tenants,
+            components,
+            pipeline,
+        })
+    }
+
+    /// The largest component `install` accepts, in bytes.
+    pub fn max_component_bytes(&self) -> usize {
+        self.components.sandbox().max_component_bytes()
+    }
+
+    /// Where derived data (such as search vectors) is kept beside the catalog.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.pipeline.store
+    }
+
+    /// The embedding app's trusted tools.
+    pub fn natives(&self) -> &NativeRegistry {
+        self.catalog.natives()
+    }
+
+    /// Installs every tool a component offers for `tenant`. A tool whose name exists gets a
+    /// new version, which answers calls from now on (calls already running finish on theirs).
+    /// Nothing is stored unless every tool of the component is valid.
+    pub async fn install(
+        &self,
+        tenant: &str,
+        component: Vec<u8>,
+    ) -> Result<Vec<ToolSpec>, InstallError> {
+        self.catalog.install(tenant, component).await
+    }
+
+    /// Installs a tool with no code that makes one HTTP request (see [`HttpToolDef`]). Like
+    /// a component's tool, a name that exists gets a new version.
+    pub fn install_http(&self, tenant: &str, def: HttpToolDef) -> Result<ToolSpec, InstallError> {
+        self.catalog.install_http(tenant, def)
+    }
+
+    /// Installs a stored-source JavaScript tool: an ES module that exports its `spec` and,
+    /// as default, the handler `(args, ctx) => result`. It runs on the host's JS runtime, so
+    /// it is callable at once: nothing is compiled. The module is evaluated once here, under
+    /// the default limits, to read its spec; a syntax error names the line and column.
+    pub async fn install_js(&self, tenant: &str, source: &str) -> Result<ToolSpec, InstallError> {
+        self.catalog.install_js(tenant, source).await
+    }
+
+    /// Tools an agent of `tenant` may see: natives, then the tenant's own. Private ones are left out.
+    pub fn list(&self, tenant: &str) -> Vec<ToolInfo> {
+        self.catalog.list(tenant)
+    }
+
+    /// The tools an agent of `tenant` sees (private ones left out), in an LLM API's shape.
+    pub fn export(&self, tenant: &str, format: Format) -> Vec<Value> {
+        self.catalog.export(tenant, format)
+    }
+
+    /// One tool as `tenant` sees it, private ones included (the host may call them).
+    pub fn describe(&self, tenant: &str, name: &str) -> Option<ToolInfo> {
+        self.catalog.describe(tenant, name)
+    }
+
+    /// A tenant's tool with every kept version.
+    pub fn versions(&self, tenant: &str, name: &str) -> Result<ToolEntry, ManageError> {
+        self.catalog.versions(tenant, name)
+    }
+
+    /// Makes an earlier version answer calls: `to`, or the one before the current. Returns
+    /// the version now current.
+    pub fn rollback(&self, tenant: &str, name: &str, to: Option<u32>) -> Result<u32, ManageError> {
+        self.catalog.rollback(tenant, name, to)
+    }
+
+    /// Removes a tenant's tool and its versions. Calls already running finish; later ones get
+    /// `not_found`.
+    pub fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
+        self.catalog.remove(tenant, name)
+    }
+
+    /// Tenants whose visible tools change (install, rollback, remove), as they happen. A
+    /// lagging receiver should treat the lag as a change of its tenant.
+    pub fn subscribe_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.catalog.subscribe_changes()
+    }
+
+    /// Changes whenever any tenant's visible tools may have changed (natives included).
+    pub fn generation(&self) -> (u64, u64) {
+        self.catalog.generation()
+    }
+
+    /// Linked components in memory now (bounded by `max_loaded_components`).
+    pub fn loaded_components(&self) -> usize {
+        self.components.loaded()
+    }
+
+    /// Sets a configuration value of `tenant`, readable by its tools that declare `key`.
+    /// A secret is never shown again: not in listings, logs or error messages.
+    pub fn set_config(
+        &self,
+        tenant: &str,
+        key: &str,
+        value: &str,
+        secret: bool,
+    ) -> Result<(), ManageError> {
+        self.tenants.set_config(tenant, key, value, secret)
+    }
+
+    pub fn remove_config(&self, tenant: &str, key: &str) -> Result<bool, ManageError> {
+        self.tenants.remove_config(tenant, key)
+    }
+
+    /// The tenant's configuration keys, each with its value unless it is a secret.
+    pub fn config(&self, tenant: &str) -> Result<Vec<(String, Option<String>)>, ManageError> {
+        self.tenants.config(tenant)
+    }
+
+    /// Records a tenant (idempotent); its id must be valid.
+    pub fn create_tenant(&self, tenant: &str) -> Result<bool, ManageError> {
+        self.tenants.create(tenant)
+    }
+
+    pub fn tenants(&self) -> Result<Vec<String>, ManageError> {
+        self.tenants.all()
+    }
+
+    /// A new API key for an existing tenant. The returned secret is shown once: only its
+    /// sha256 is stored.
+    pub fn create_key(&self, tenant: &str) -> Result<NewKey, ManageError> {
+        self.tenants.create_key(tenant)
+    }
+
+    /// Keys of `tenant` (or all), without their secrets.
+    pub fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>, ManageError> {
+        self.tenants.keys(tenant)
+    }
+
+    pub fn revoke_key(&self, id: &str) -> Result<bool, ManageError> {
+        self.tenants.revoke_key(id)
+    }
+
+    /// The tenant an API key belongs to, if it is a live key.
+    pub fn authenticate(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.tenants.authenticate(key)
+    }
+
+    /// The tenant's policy, or the host's default if it has none of its own.
+    pub fn policy(&self, tenant: &str) -> Arc<TenantPolicy> {
+        self.tenants.policy(tenant)
+    }
+
+    /// Stores the tenant's policy; it applies to the next call.
+    pub fn set_policy(&self, tenant: &str, policy: TenantPolicy) -> Result<(), ManageError> {
+        self.tenants.set_policy(tenant, policy)
+    }
+
+    /// The directory that holds `tenant`'s granted directories (`None` for an in-memory host).
+    pub fn tenant_files(&self, tenant: &str) -> Option<PathBuf> {
+        self.pipeline.exec.tenant_files(tenant)
+    }
+
+    /// Calls `name` for `caller` with JSON `args`. Never panics: every failure is an outcome.
+    pub async fn call(&self, caller: &Caller, name: &str, args: Value) -> CallOutcome {
+        self.pipeline
+            .call(caller, name, args, None, Budget::TOP)
+            .await
+    }
+
+    /// Runs a call that waits for approval (see [`CallError::ApprovalRequired`]) and returns
+    /// its outcome. It passes every other step again: policy, limits, hooks.
+    ///
+    /// [`CallError::ApprovalRequired`]: toolhost_spec::CallError::ApprovalRequired
+    pub async fn approve(&self, tenant: &str, call_id: &str) -> Result<CallOutcome, ApprovalError> {
+        self.pipeline.approve(tenant, call_id).await
+    }
+
+    /// Drops a call that waits for approval; its outcome is `rejected` with `reason`.
+    pub fn reject(
+        &self,
+        tenant: &str,
+        call_id: &str,
+        reason: &str,
+    ) -> Result<CallOutcome, ApprovalError> {
+        self.pipeline.reject(tenant, call_id, reason)
+    }
+
+    /// The tenant's calls waiting for approval, longest waiting first.
+    pub fn pending_approvals(&self, tenant: &str) -> Vec<PendingCall> {
+        self.pipeline.pending_approvals(tenant)
+    }
+
+    /// Registers a hook that runs around every call of every tenant, in registration order.
+    pub fn add_hook(&self, hook: Arc<dyn CallHook>) {
+        self.pipeline.add_hook(hook)
+    }
+
+    /// Counters for an operator (`/metrics`).
+    pub fn metrics(&self) -> &Metrics {
+        &self.pipeline.metrics
+    }
+}

@@ -1,0 +1,58 @@
+//! toolhost: a sandboxed host for user-authored tools that AI agents call. This is the
+//! library an app embeds: [`Host`] installs tenants' tools (Wasm components, JavaScript
+//! source, declarative HTTP requests) beside the app's trusted native tools, and runs each
+//! call through one pipeline of policy, admission, validation, hooks, approval, cache and a
+//! fresh sandboxed instance. It knows nothing of HTTP serving, MCP or the CLI
+//! (`toolhost-server`, `toolhost-cli`), nor of tool search (`toolhost-search`).
+//!
+//! ```no_run
+//! # async fn demo(wasm: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
+//! use toolhost::{Caller, Host, HostConfig};
+//!
+//! let host = Host::open(HostConfig::default())?;
+//! host.install("acme", wasm).await?;
+//! let outcome = host
+//!     .call(&Caller::tenant("acme"), "text_stats", serde_json::json!({"text": "hi there"}))
+//!     .await;
+//! println!("{}", outcome.result?);
+//! # Ok(()) }
+//! ```
+
+mod admission;
+pub mod approval;
+mod artifacts;
+mod catalog;
+mod components;
+mod config;
+mod error;
+mod exec;
+mod grants;
+pub mod hooks;
+mod host;
+pub mod http_tool;
+pub mod metrics;
+mod pipeline;
+pub mod registry;
+mod tenants;
+
+// The crates below the host, under one root for an app that embeds it.
+pub use toolhost_sandbox::{self as sandbox, egress, helpers};
+pub use toolhost_spec::{call, clip, digest, export, keypath, policy, schema, spec};
+pub use toolhost_store as store;
+
+pub use approval::{ApprovalError, PendingCall};
+pub use catalog::{JsSource, Source, ToolInfo};
+pub use config::{
+    HostConfig, MAX_CONFIG_VALUE_BYTES, MAX_JS_SOURCE_BYTES, MAX_NESTING_DEPTH,
+    MAX_TOOLS_PER_COMPONENT,
+};
+pub use error::{InstallError, ManageError, OpenError};
+pub use hooks::{CallHook, HookCall};
+pub use host::Host;
+pub use tenants::NewKey;
+pub use toolhost_sandbox::{HelperError, Helpers, SandboxConfig};
+pub use toolhost_spec::{
+    CachePolicy, CallContext, CallError, CallLog, CallOutcome, Caller, Level, Limits, SpecError,
+    TenantPolicy, ToolError, ToolSpec,
+};
+pub use toolhost_store::{KeyRecord, SledStore, Store, StoreError, ToolEntry, ToolVersion};

@@ -1,0 +1,394 @@
+//! One call, from a name and JSON to a clipped, typed outcome: resolve, policy, admission,
+//! argument validation, hooks, approval, result cache, execution (again after a timeout for
+//! an idempotent tool), clipping, caching, and one recorded event. A guest's nested
+//! `call-tool` re-enters here, one level deeper, within what its caller has left.
+
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use serde_json::Value;
+use toolhost_sandbox::{Helpers, NestedCall, NestedReply};
+use toolhost_spec::call::{CallContext, CallError, CallOutcome, Caller};
+use toolhost_spec::clip::clip;
+use toolhost_spec::keypath::{self, KeyPath};
+use toolhost_spec::policy::{Decision, TenantPolicy};
+use toolhost_spec::spec::Limits;
+use toolhost_store::{Store, now_ms};
+
+use crate::admission::Admission;
+use crate::approval::{ApprovalError, Approvals, PendingCall};
+use crate::catalog::{Catalog, Resolved};
+use crate::config::MAX_NESTING_DEPTH;
+use crate::exec::{self, Executors, MAX_ERROR_CHARS, truncate};
+use crate::hooks::{CallHook, HookCall};
+use crate::metrics::Metrics;
+use crate::tenants::Tenants;
+
+/// What a call may spend: its depth of nesting, and for a nested call what its caller has
+/// left, which narrows the callee's own limits. An approved call has spent its approval.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    depth: u32,
+    deadline: Option<Instant>,
+    fuel: Option<u64>,
+    approved: bool,
+}
+
+impl Budget {
+    pub const TOP: Budget = Budget {
+        depth: 0,
+        deadline: None,
+        fuel: None,
+        approved: false,
+    };
+
+    fn narrow(&self, limits: &Limits) -> Limits {
+        let mut narrowed = *limits;
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            narrowed.timeout_ms = narrowed.timeout_ms.min(left.as_millis() as u64).max(1);
+        }
+        if let Some(fuel) = self.fuel {
+            narrowed.fuel = narrowed.fuel.min(fuel).max(1);
+        }
+        narrowed
+    }
+}
+
+pub(crate) struct Pipeline {
+    pub catalog: Arc<Catalog>,
+    pub tenants: Arc<Tenants>,
+    pub exec: Executors,
+    pub store: Arc<dyn Store>,
+    pub admission: Admission,
+    pub hooks: RwLock<Vec<Arc<dyn CallHook>>>,
+    pub approvals: Approvals,
+    pub metrics: Arc<Metrics>,
+    pub call_ids: CallIds,
+}
+
+impl Pipeline {
+    /// Runs a held call with its approval spent; it passes every other step again.
+    pub async fn approve(&self, tenant: &str, call_id: &str) -> Result<CallOutcome, ApprovalError> {
+        let pending = self.approvals.take(tenant, call_id)?;
+        let approved = Budget {
+            approved: true,
+            ..Budget::TOP
+        };
+        let (caller, tool) = (&pending.caller, &pending.tool);
+        Ok(self
+            .call(caller, tool, pending.args, Some(call_id), approved)
+            .await)
+    }
+
+    pub fn reject(
+        &self,
+        tenant: &str,
+        call_id: &str,
+        reason: &str,
+    ) -> Result<CallOutcome, ApprovalError> {
+        let pending = self.approvals.take(tenant, call_id)?;
+        let mut outcome = CallOutcome::new(call_id.to_owned(), pending.tool);
+        outcome.result = Err(CallError::Rejected {
+            reason: truncate(reason, MAX_ERROR_CHARS),
+        });
+        self.record(tenant, None, &outcome);
+        Ok(outcome)
+    }
+
+    pub fn pending_approvals(&self, tenant: &str) -> Vec<PendingCall> {
+        self.approvals.list(tenant)
+    }
+
+    pub fn add_hook(&self, hook: Arc<dyn CallHook>) {
+        self.hooks
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(hook);
+    }
+
+    pub async fn call(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        call_id: Option<&str>,
+        budget: Budget,
+    ) -> CallOutcome {
+        let started = Instant::now();
+        let ctx = CallContext {
+            tenant: caller.tenant.clone(),
+            call_id: call_id.map_or_else(|| self.call_ids.next(), str::to_owned),
+            tool: name.to_owned(),
+            data: caller.data.clone(),
+        };
+        let resolved = self.catalog.resolve(&caller.tenant, name);
+        let config_keys = resolved.as_ref().map_or(&[][..], |r| &r.spec().config[..]);
+        let helpers = Helpers::for_call(self.store.clone(), &ctx.tenant, name, config_keys);
+        let mut outcome = CallOutcome::new(ctx.call_id.clone(), ctx.tool.clone());
+        if let Some(tool) = &resolved {
+            self.admit_and_run(tool, args, &helpers, &ctx, budget, &mut outcome)
+                .await;
+        }
+        outcome.log = helpers.snapshot();
+        outcome.duration = started.elapsed();
+        let version = resolved.as_ref().map(Resolved::version);
+        self.record(&ctx.tenant, version, &outcome);
+        outcome
+    }
+
+    /// One structured event and the metrics, for every outcome.
+    fn record(&self, tenant: &str, version: Option<u32>, outcome: &CallOutcome) {
+        self.metrics
+            .record_call(outcome.code(), outcome.duration, outcome.retries);
+        // Every field always present (0 when it does not apply), so queries need no cases.
+        tracing::info!(
+            tenant,
+            tool = outcome.tool,
+            version = version.unwrap_or(0),
+            call_id = outcome.call_id,
+            outcome = outcome.code(),
+            ms = outcome.duration.as_secs_f64() * 1e3,
+            fuel = outcome.fuel_used.unwrap_or(0),
+            cache_hit = outcome.cache_hit,
+            retries = outcome.retries,
+            clipped = outcome.clipped.is_some(),
+            "call"
+        );
+    }
+
+    /// The preflight steps, in order: policy, rate and concurrency, arguments, hooks,
+    /// approval; then the call itself, and the hooks that see its outcome.
+    async fn admit_and_run(
+        &self,
+        tool: &Resolved,
+        args: Value,
+        helpers: &Helpers,
+        ctx: &CallContext,
+        budget: Budget,
+        outcome: &mut CallOutcome,
+    ) {
+        let spec = tool.spec();
+        let policy = self.tenants.policy(&ctx.tenant);
+        let needs_approval = match policy.decide(&spec.name, spec.needs_approval) {
+            Decision::Denied(reason) => {
+                outcome.result = Err(CallError::Denied { reason });
+                return;
+            }
+            Decision::NeedsApproval => !budget.approved,
+            Decision::Run => false,
+        };
+        let _permit = match self.admission.admit(&ctx.tenant, &policy) {
+            Ok(permit) => permit,
+            Err(refused) => {
+                outcome.result = Err(CallError::RateLimited {
+                    limit: refused.limit,
+                    message: refused.message,
+                    retry_after_ms: refused.retry_after_ms,
+                });
+                return;
+            }
+        };
+        if let Err(errors) = tool.validator().validate(&args) {
+            outcome.result = Err(CallError::InvalidArgs { errors });
+            return;
+        }
+        let hooks = self.hooks.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let hook_call = HookCall {
+            tenant: &ctx.tenant,
+            tool: &spec.name,
+            version: tool.version(),
+            call_id: &ctx.call_id,
+            args: &args,
+            data: &ctx.data,
+        };
+        let refusal = hooks.iter().find_map(|hook| hook.before(&hook_call).err());
+        if let Some(reason) = refusal {
+            outcome.result = Err(CallError::Denied {
+                reason: truncate(&reason, MAX_ERROR_CHARS),
+            });
+        } else if needs_approval {
+            outcome.result = Err(self.hold(ctx, &spec.name, args.clone()));
+        } else {
+            let call = (helpers, ctx, &*policy);
+            self.run(tool, args.clone(), call, budget, outcome).await;
+        }
+        for hook in &hooks {
+            hook.after(&hook_call, outcome);
+        }
+    }
+
+    /// Holds a call for approval: the error the caller gets now.
+    fn hold(&self, ctx: &CallContext, tool: &str, args: Value) -> CallError {
+        let caller = Caller {
+            tenant: ctx.tenant.clone(),
+            data: ctx.data.clone(),
+        };
+        match self.approvals.hold(&ctx.call_id, &caller, tool, args) {
+            Ok(()) => CallError::ApprovalRequired {
+                call_id: ctx.call_id.clone(),
+            },
+            Err(ApprovalError::Store(error)) => CallError::Internal {
+                message: format!("could not hold the call for approval: {error}"),
+            },
+            Err(error) => CallError::RateLimited {
+                limit: "pending approvals",
+                message: error.to_string(),
+                retry_after_ms: None,
+            },
+        }
+    }
+
+    /// Cache, execute (again after a timeout, for an idempotent tool), clip, cache.
+    async fn run(
+        &self,
+        tool: &Resolved,
+        args: Value,
+        (helpers, ctx, policy): (&Helpers, &CallContext, &TenantPolicy),
+        budget: Budget,
+        outcome: &mut CallOutcome,
+    ) {
+        let spec = tool.spec();
+        let cache_key = spec.cache.as_ref().map(|cache| {
+            // The spec was validated, so its key path parses.
+            let path = KeyPath::parse(&cache.key_path);
+            let selected = path
+                .as_ref()
+                .map_or(&Value::Null, |path| path.select(&args));
+            keypath::key(&ctx.tenant, &spec.name, tool.version(), selected)
+        });
+        if let Some(key) = &cache_key {
+            match self.store.cache_get(key, now_ms()) {
+                Ok(Some(value)) => {
+                    outcome.result = Ok(value);
+                    outcome.cache_hit = true;
+                    return;
+                }
+                Ok(None) => {}
+                Err(error) => tracing::warn!(%error, "result cache unreadable; running the tool"),
+            }
+        }
+        let retries = if spec.idempotent {
+            spec.retry_count_on_stall
+        } else {
+            0
+        };
+        let mut result = Err(CallError::Timeout { limit_ms: 0 });
+        for attempt in 0..=retries {
+            outcome.retries = attempt;
+            // Narrowed again on each attempt: a nested call stays within its caller's time.
+            let limits = budget.narrow(&spec.limits);
+            result = match tool {
+                Resolved::Native(native) => {
+                    let (args, helpers) = (args.clone(), helpers.clone());
+                    exec::run_native(native, &limits, args, helpers, ctx.clone()).await
+                }
+                Resolved::Tenant(tenant_tool) => {
+                    let serve = |nested| self.serve_nested(ctx, budget, nested);
+                    let call = (helpers, ctx, policy);
+                    let run = self
+                        .exec
+                        .run_tenant_tool(tenant_tool, &limits, &args, call, serve);
+                    let (result, fuel) = run.await;
+                    if let Some(fuel) = fuel {
+                        *outcome.fuel_used.get_or_insert(0) += fuel;
+                    }
+                    result
+                }
+            };
+            if !matches!(result, Err(CallError::Timeout { .. })) {
+                break;
+            }
+        }
+        outcome.result = match result {
+            Ok(value) => {
+                let (value, clipped) = clip(value, spec.limits.max_result_chars as usize);
+                outcome.clipped = clipped;
+                if let (Some(key), Some(cache)) = (&cache_key, &spec.cache)
+                    && let Err(error) = self.store.cache_put(key, now_ms() + cache.ttl_ms, &value)
+                {
+                    tracing::warn!(%error, "result not cached");
+                }
+                Ok(value)
+            }
+            Err(error) => Err(exec::redact_error(error, helpers)),
+        };
+    }
+
+    /// Answers a guest's `call-tool` with the whole pipeline, one level deeper.
+    async fn serve_nested(&self, parent: &CallContext, budget: Budget, nested: NestedCall) {
+        let reply = self.call_nested(parent, budget, &nested).await;
+        // The guest may have ended meanwhile: nobody to answer.
+        let _ = nested.reply.send(reply);
+    }
+
+    /// Boxed: the pipeline calls itself through here.
+    fn call_nested<'a>(
+        &'a self,
+        parent: &'a CallContext,
+        budget: Budget,
+        nested: &'a NestedCall,
+    ) -> Pin<Box<dyn Future<Output = NestedReply> + Send + 'a>> {
+        Box::pin(async move {
+            let refuse = |message: String| NestedReply {
+                result: Err(message),
+                fuel_used: 0,
+            };
+            if budget.depth >= MAX_NESTING_DEPTH {
+                return refuse(format!(
+                    "denied: calls nest at most {MAX_NESTING_DEPTH} deep"
+                ));
+            }
+            let Ok(args) = serde_json::from_str::<Value>(&nested.args) else {
+                return refuse("invalid_args: the arguments are not JSON".into());
+            };
+            let caller = Caller {
+                tenant: parent.tenant.clone(),
+                data: parent.data.clone(),
+            };
+            let inner = Budget {
+                depth: budget.depth + 1,
+                deadline: Some(nested.deadline),
+                fuel: Some(nested.fuel),
+                approved: false,
+            };
+            let outcome = self.call(&caller, &nested.tool, args, None, inner).await;
+            NestedReply {
+                result: match outcome.result {
+                    Ok(value) => Ok(value.to_string()),
+                    Err(error) => Err(format!("{}: {error}", error.code())),
+                },
+                fuel_used: outcome.fuel_used.unwrap_or(0),
+            }
+        })
+    }
+}
+
+/// Unique call ids: a random per-process prefix and a counter.
+pub(crate) struct CallIds {
+    prefix: u64,
+    next: AtomicU64,
+}
+
+impl Default for CallIds {
+    fn default() -> Self {
+        CallIds {
+            prefix: RandomState::new().hash_one(now_ms()),
+            next: AtomicU64::new(1),
+        }
+    }
+}
+
+impl CallIds {
+    fn next(&self) -> String {
+        format!(
+            "{:016x}-{:08x}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}

@@ -1,0 +1,168 @@
+//! Which tools exist: the embedding app's trusted native tools, and each tenant's installed
+//! Wasm tools. Both in memory; the tenant catalog is rebuilt from the store at start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+
+use serde_json::Value;
+
+use toolhost_sandbox::helpers::Helpers;
+use toolhost_spec::call::{CallContext, ToolError};
+use toolhost_spec::schema::ArgsValidator;
+use toolhost_spec::spec::{SpecError, ToolSpec};
+use toolhost_store::ToolVersion;
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type Handler =
+    Arc<dyn Fn(Value, Helpers, CallContext) -> BoxFuture<Result<Value, ToolError>> + Send + Sync>;
+
+/// A trusted Rust tool of the embedding application.
+pub struct NativeTool {
+    pub spec: ToolSpec,
+    pub(crate) validator: ArgsValidator,
+    pub(crate) handler: Handler,
+}
+
+/// A tenant's tool at the version that answers calls: a stored component, or a stored HTTP
+/// request definition.
+pub struct TenantTool {
+    pub tenant: String,
+    pub version: ToolVersion,
+    pub(crate) validator: ArgsValidator,
+}
+
+impl TenantTool {
+    pub fn spec(&self) -> &ToolSpec {
+        &self.version.spec
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("a native tool named `{0}` is already registered")]
+    Duplicate(String),
+}
+
+/// The embedding app's own tools: trusted, never persisted, visible to every tenant, and never
+/// shadowed by a tenant's tool.
+#[derive(Default)]
+pub struct NativeRegistry {
+    tools: RwLock<BTreeMap<String, Arc<NativeTool>>>,
+    /// Bumped on every registration, so caches of listings know to rebuild.
+    generation: std::sync::atomic::AtomicU64,
+}
+
+impl NativeRegistry {
+    /// Registers `handler` under `spec`. It runs under the spec's timeout; a panic in it
+    /// becomes that call's `trap` outcome.
+    pub fn register<F, Fut>(&self, spec: ToolSpec, handler: F) -> Result<(), RegisterError>
+    where
+        F: Fn(Value, Helpers, CallContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+    {
+        let validator = spec.validate()?;
+        let mut tools = self.tools.write().unwrap_or_else(|p| p.into_inner());
+        if tools.contains_key(&spec.name) {
+            return Err(RegisterError::Duplicate(spec.name));
+        }
+        let handler: Handler =
+            Arc::new(move |args, helpers, ctx| Box::pin(handler(args, helpers, ctx)));
+        tools.insert(
+            spec.name.clone(),
+            Arc::new(NativeTool {
+                spec,
+                validator,
+                handler,
+            }),
+        );
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<NativeTool>> {
+        self.tools
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Changes whenever a tool is registered.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The native tool whose name equals `name` but for case, if any.
+    pub fn case_twin(&self, name: &str) -> Option<String> {
+        let tools = self.tools.read().unwrap_or_else(|p| p.into_inner());
+        tools
+            .keys()
+            .find(|k| k.as_str() != name && k.eq_ignore_ascii_case(name))
+            .cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<NativeTool>> {
+        self.tools
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+/// Every tenant's installed Wasm tools, by tenant then name.
+#[derive(Default)]
+pub(crate) struct TenantTools {
+    tenants: RwLock<HashMap<String, BTreeMap<String, Arc<TenantTool>>>>,
+}
+
+impl TenantTools {
+    pub fn get(&self, tenant: &str, name: &str) -> Option<Arc<TenantTool>> {
+        let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        tenants.get(tenant)?.get(name).cloned()
+    }
+
+    pub fn tenant_tools(&self, tenant: &str) -> Vec<Arc<TenantTool>> {
+        let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        tenants
+            .get(tenant)
+            .map(|tools| tools.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn insert(&self, tool: TenantTool) {
+        let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+        tenants
+            .entry(tool.tenant.clone())
+            .or_default()
+            .insert(tool.spec().name.clone(), Arc::new(tool));
+    }
+
+    /// A tool of `tenant` whose name equals `name` but for case, if any.
+    pub fn case_twin(&self, tenant: &str, name: &str) -> Option<String> {
+        let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        tenants
+            .get(tenant)?
+            .keys()
+            .find(|existing| existing.as_str() != name && existing.eq_ignore_ascii_case(name))
+            .cloned()
+    }
+
+    pub fn remove(&self, tenant: &str, name: &str) -> bool {
+        let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+        tenants
+            .get_mut(tenant)
+            .is_some_and(|tools| tools.remove(name).is_some())
+    }
+}
+
+/// Tenant ids come from the embedding app: any 1 to 128 printable characters.
+pub fn is_valid_tenant(tenant: &str) -> bool {
+    (1..=128).contains(&tenant.len()) && !tenant.chars().any(char::is_control)
+}

@@ -1,0 +1,156 @@
+//! Tenants and what belongs to each beside its tools: configuration values and secrets, API
+//! keys, and its policy (cached in memory; the host's default for a tenant without one).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use toolhost_spec::digest::{hex, sha256_hex};
+use toolhost_spec::policy::TenantPolicy;
+use toolhost_spec::spec::is_valid_config_key;
+use toolhost_store::{ConfigValue, KeyRecord, Store, StoreError, now_ms};
+
+use crate::config::MAX_CONFIG_VALUE_BYTES;
+use crate::error::ManageError;
+use crate::registry::is_valid_tenant;
+
+/// A freshly created API key: `secret` is shown once and never stored.
+#[derive(Debug, Clone, Serialize)]
+pub struct NewKey {
+    pub secret: String,
+    #[serde(flatten)]
+    pub record: KeyRecord,
+}
+
+pub(crate) struct Tenants {
+    store: Arc<dyn Store>,
+    /// Tenants' policies as last read or set; `default_policy` for tenants without one.
+    policies: Mutex<HashMap<String, Arc<TenantPolicy>>>,
+    default_policy: Arc<TenantPolicy>,
+}
+
+impl Tenants {
+    pub fn new(store: Arc<dyn Store>, default_policy: TenantPolicy) -> Self {
+        Tenants {
+            store,
+            policies: Mutex::default(),
+            default_policy: Arc::new(default_policy),
+        }
+    }
+
+    pub fn set_config(
+        &self,
+        tenant: &str,
+        key: &str,
+        value: &str,
+        secret: bool,
+    ) -> Result<(), ManageError> {
+        if !is_valid_config_key(key) {
+            return Err(ManageError::ConfigKey(key.chars().take(129).collect()));
+        }
+        if value.len() > MAX_CONFIG_VALUE_BYTES {
+            return Err(ManageError::ConfigValue(value.len()));
+        }
+        let value = ConfigValue {
+            value: value.to_owned(),
+            secret,
+        };
+        Ok(self.store.config_set(tenant, key, &value)?)
+    }
+
+    pub fn remove_config(&self, tenant: &str, key: &str) -> Result<bool, ManageError> {
+        Ok(self.store.config_delete(tenant, key)?)
+    }
+
+    pub fn config(&self, tenant: &str) -> Result<Vec<(String, Option<String>)>, ManageError> {
+        let mut shown = Vec::new();
+        for key in self.store.config_keys(tenant)? {
+            let value = self.store.config_get(tenant, &key)?;
+            shown.push((key, value.filter(|v| !v.secret).map(|v| v.value)));
+        }
+        Ok(shown)
+    }
+
+    pub fn create(&self, tenant: &str) -> Result<bool, ManageError> {
+        check_tenant(tenant)?;
+        Ok(self.store.tenant_create(tenant, now_ms())?)
+    }
+
+    pub fn all(&self) -> Result<Vec<String>, ManageError> {
+        Ok(self.store.tenants()?)
+    }
+
+    pub fn create_key(&self, tenant: &str) -> Result<NewKey, ManageError> {
+        if !self.store.tenants()?.iter().any(|t| t == tenant) {
+            return Err(ManageError::NoTenant(tenant.chars().take(128).collect()));
+        }
+        let mut random = [0u8; 20];
+        getrandom::fill(&mut random).map_err(|e| ManageError::Random(e.to_string()))?;
+        let id = hex(&random[..4]);
+        let secret = format!("thk_{id}_{}", hex(&random[4..]));
+        let record = KeyRecord {
+            id,
+            tenant: tenant.to_owned(),
+            created_at_ms: now_ms(),
+        };
+        self.store
+            .key_put(&sha256_hex(secret.as_bytes()), &record)?;
+        Ok(NewKey { secret, record })
+    }
+
+    pub fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>, ManageError> {
+        let keys = self.store.keys()?;
+        Ok(keys
+            .into_iter()
+            .filter(|k| tenant.is_none_or(|t| k.tenant == t))
+            .collect())
+    }
+
+    pub fn revoke_key(&self, id: &str) -> Result<bool, ManageError> {
+        Ok(self.store.key_revoke(id)?)
+    }
+
+    pub fn authenticate(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .store
+            .key_get(&sha256_hex(key.as_bytes()))?
+            .map(|k| k.tenant))
+    }
+
+    pub fn policy(&self, tenant: &str) -> Arc<TenantPolicy> {
+        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(policy) = policies.get(tenant) {
+            return policy.clone();
+        }
+        let policy = match self.store.policy(tenant) {
+            Ok(Some(policy)) => Arc::new(policy),
+            Ok(None) => self.default_policy.clone(),
+            Err(error) => {
+                // Fail closed: a tenant whose policy cannot be read can call nothing.
+                tracing::error!(tenant, %error, "policy unreadable; denying every call");
+                Arc::new(TenantPolicy {
+                    deny: vec!["*".into()],
+                    ..TenantPolicy::default()
+                })
+            }
+        };
+        policies.insert(tenant.to_owned(), policy.clone());
+        policy
+    }
+
+    pub fn set_policy(&self, tenant: &str, policy: TenantPolicy) -> Result<(), ManageError> {
+        check_tenant(tenant)?;
+        policy.validate()?;
+        self.store.put_policy(tenant, &policy)?;
+        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
+        policies.insert(tenant.to_owned(), Arc::new(policy));
+        Ok(())
+    }
+}
+
+fn check_tenant(tenant: &str) -> Result<(), ManageError> {
+    match is_valid_tenant(tenant) {
+        true => Ok(()),
+        false => Err(ManageError::Tenant(tenant.chars().take(128).collect())),
+    }
+}

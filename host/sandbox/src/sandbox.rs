@@ -1,0 +1,742 @@
+//! Running guest components: the wasmtime engine, its pool and epoch ticker, and one fresh,
+//! limited instance per call.
+//!
+//! This module knows components, limits and a call's context; it knows nothing of tenants,
+//! catalogs or storage.
+
+use std::hash::Hasher;
+use std::pin::Pin;
+use std::sync::{Arc, mpsc};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    Trap, UpdateDeadline,
+};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
+
+use crate::egress::EgressConfig;
+use crate::helpers::{Helpers, Stream};
+use crate::outbound::Outbound;
+use toolhost_spec::call::{CallContext, Level};
+use toolhost_spec::digest::hex;
+use toolhost_spec::policy::NetworkRule;
+use toolhost_spec::spec::{Limits, MEMORY_BYTES};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "toolhost:plugin/plugin@0.1.0",
+        exports: { default: async },
+    });
+}
+
+/// The host's JavaScript runtime: the same imports, other exports.
+mod js_bindings {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "toolhost:plugin/js-runtime@0.1.0",
+        exports: { default: async },
+        with: {
+            "toolhost:plugin/types": super::bindings::toolhost::plugin::types,
+            "toolhost:plugin/helpers": super::bindings::toolhost::plugin::helpers,
+            "toolhost:plugin/tools": super::bindings::toolhost::plugin::tools,
+        },
+    });
+}
+
+use bindings::PluginPre;
+pub use bindings::toolhost::plugin::types::{ToolDef as GuestToolDef, ToolError as GuestToolError};
+use js_bindings::JsRuntimePre;
+
+/// The most memory one call's tables may hold, in elements.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Core instances, memories and tables one component may use, for sizing the pool: a Rust
+/// wasip2 component uses a handful; a componentize-js one about a dozen core instances.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
+const MEMORIES_PER_COMPONENT: u32 = 2;
+const TABLES_PER_COMPONENT: u32 = 32;
+
+/// Engine-wide settings, chosen by the operator.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Instances alive at once; more calls wait for a slot. Sizes the pooling allocator.
+    pub max_instances: u32,
+    /// How often the epoch advances: the granularity of timeouts and of guest yields.
+    pub epoch_tick: Duration,
+    /// Largest component accepted, in bytes.
+    pub max_component_bytes: usize,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            max_instances: 64,
+            epoch_tick: Duration::from_millis(5),
+            max_component_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Why a component could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    #[error("the component is {size} bytes; the limit is {limit}")]
+    TooLarge { size: usize, limit: usize },
+    #[error("not WebAssembly: the bytes do not start with the `\\0asm` header")]
+    NotWasm,
+    #[error(
+        "this is a core WebAssembly module, not a component: build for `wasm32-wasip2` \
+         (or wrap it with `wasm-tools component new`)"
+    )]
+    CoreModule,
+    #[error("the component does not compile: {0}")]
+    Compile(String),
+    /// An import this host does not provide, or exports that do not match the WIT world.
+    #[error("the component does not fit toolhost:plugin@0.1.0: {0}")]
+    Link(String),
+}
+
+/// How a guest run ended other than by returning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    Timeout,
+    OutOfFuel,
+    MemoryLimit,
+    Trap(String),
+    /// The sandbox itself failed (for example, instantiation failed for a host reason).
+    Host(String),
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Timeout => f.write_str("timed out"),
+            Fault::OutOfFuel => f.write_str("ran out of fuel"),
+            Fault::MemoryLimit => f.write_str("exceeded its memory limit"),
+            Fault::Trap(message) => write!(f, "trapped: {message}"),
+            Fault::Host(message) => write!(f, "failed in the host: {message}"),
+        }
+    }
+}
+
+/// What one call may reach beyond its sandbox; [`Permissions::default`] is nothing at all.
+#[derive(Debug, Clone, Default)]
+pub struct Permissions {
+    /// Destinations `wasi:http` requests may go to.
+    pub network: Vec<NetworkRule>,
+    pub egress: Arc<EgressConfig>,
+    pub dirs: Vec<Preopen>,
+    /// Where `call-tool` requests go; `None`: the guest may not call other tools.
+    pub tools: Option<tokio::sync::mpsc::Sender<NestedCall>>,
+}
+
+/// A guest's `call-tool`: served by whoever runs the call, answered on `reply`.
+#[derive(Debug)]
+pub struct NestedCall {
+    pub tool: String,
+    pub args: String,
+    /// What the caller has left, which bounds the callee.
+    pub fuel: u64,
+    pub deadline: Instant,
+    pub reply: tokio::sync::oneshot::Sender<NestedReply>,
+}
+
+#[derive(Debug)]
+pub struct NestedReply {
+    /// The callee's JSON result, or `code: message`.
+    pub result: Result<String, String>,
+    /// Charged to the caller.
+    pub fuel_used: u64,
+}
+
+/// A host directory the guest sees at `guest`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preopen {
+    pub host: std::path::PathBuf,
+    pub guest: String,
+    pub write: bool,
+}
+
+/// A guest run: how it ended and what it cost.
+#[derive(Debug)]
+pub struct Run<T> {
+    pub result: Result<T, Fault>,
+    pub fuel_used: u64,
+}
+
+impl<T> Run<T> {
+    fn host_fault(message: &str) -> Self {
+        Run {
+            result: Err(Fault::Host(message.to_owned())),
+            fuel_used: 0,
+        }
+    }
+}
+
+/// A component ready to instantiate: compiled, linked and type-checked once.
+#[derive(Clone)]
+pub struct Prepared {
+    /// Set for a tool component (the `plugin` world).
+    plugin: Option<PluginPre<CallState>>,
+    /// Set for the JavaScript runtime (the `js-runtime` world).
+    js: Option<JsRuntimePre<CallState>>,
+}
+
+/// What one call runs, with its arguments (JSON text): a tool of a component, or JS source
+/// on the runtime.
+#[derive(Debug, Clone, Copy)]
+pub enum Entry<'a> {
+    Tool { args: &'a str },
+    Js { source: &'a str, args: &'a str },
+}
+
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<CallState>,
+    slots: Semaphore,
+    config: SandboxConfig,
+    fingerprint: String,
+    /// Dropping it stops the epoch ticker.
+    _ticker: mpsc::Sender<()>,
+}
+
+impl Sandbox {
+    pub fn new(config: SandboxConfig) -> Result<Self, wasmtime::Error> {
+        let engine = engine(&config)?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
+        use bindings::toolhost::plugin::{helpers, types};
+        types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)?;
+        helpers::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)?;
+        // By hand, for the store: the callee's fuel is charged to the caller.
+        linker
+            .instance("toolhost:plugin/tools@0.1.0")?
+            .func_wrap_async("call-tool", |store, (tool, args): (String, String)| {
+                Box::new(call_tool(store, tool, args))
+            })?;
+        let fingerprint = fingerprint(&engine);
+        let ticker = spawn_epoch_ticker(engine.clone(), config.epoch_tick);
+        Ok(Sandbox {
+            slots: Semaphore::new(config.max_instances as usize),
+            engine,
+            linker,
+            config,
+            fingerprint,
+            _ticker: ticker,
+        })
+    }
+
+    pub fn max_component_bytes(&self) -> usize {
+        self.config.max_component_bytes
+    }
+
+    /// Identifies everything that changes compiled code: a compiled artifact is only valid
+    /// for the same fingerprint.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// Checks that `bytes` are a component within the size limit, compiles it, and returns
+    /// the compiled artifact to store. CPU-heavy: call it off the async executor.
+    pub fn compile(&self, bytes: &[u8]) -> Result<Vec<u8>, LoadError> {
+        let limit = self.config.max_component_bytes;
+        if bytes.len() > limit {
+            return Err(LoadError::TooLarge {
+                size: bytes.len(),
+                limit,
+            });
+        }
+        if !bytes.starts_with(b"\0asm") {
+            return Err(LoadError::NotWasm);
+        }
+        // The four bytes after the magic: version 1, layer 0 is a core module.
+        if bytes.get(4..8) == Some(&[1, 0, 0, 0]) {
+            return Err(LoadError::CoreModule);
+        }
+        self.engine
+            .precompile_component(bytes)
+            .map_err(|e| LoadError::Compile(format!("{e:#}")))
+    }
+
+    /// Compiles and links a component in one step.
+    pub fn prepare(&self, component: &[u8]) -> Result<Prepared, LoadError> {
+        let artifact = self.compile(component)?;
+        // SAFETY: `compile` just produced this artifact with this engine.
+        unsafe { self.load(&artifact) }
+    }
+
+    /// Loads an artifact that [`Sandbox::compile`] produced and links it.
+    ///
+    /// # Safety
+    ///
+    /// wasmtime runs the artifact's machine code as is: `artifact` must be the output of
+    /// `compile` on an engine with this fingerprint, unaltered (the store checks a checksum).
+    pub unsafe fn load(&self, artifact: &[u8]) -> Result<Prepared, LoadError> {
+        // SAFETY: the caller upholds this function's contract.
+        let component = unsafe { Component::deserialize(&self.engine, artifact) }
+            .map_err(|e| LoadError::Compile(format!("{e:#}")))?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link(format!("{e:#}")))?;
+        let js = JsRuntimePre::new(pre.clone()).ok();
+        let plugin = match PluginPre::new(pre) {
+            Ok(plugin) => Some(plugin),
+            Err(_) if js.is_some() => None,
+            Err(e) => return Err(LoadError::Link(format!("{e:#}"))),
+        };
+        Ok(Prepared { plugin, js })
+    }
+
+    /// Asks a component for its tools.
+    pub async fn list_tools(&self, prepared: &Prepared, limits: &Limits) -> Run<Vec<GuestToolDef>> {
+        let Some(pre) = prepared.plugin.clone() else {
+            return Run::host_fault("not a tool component: it does not export list-tools");
+        };
+        let nothing = Permissions::default();
+        self.run(limits, Helpers::default(), &nothing, |store| {
+            Box::pin(async move {
+                let plugin = pre.instantiate_async(&mut *store).await?;
+                plugin.call_list_tools(store).await
+            })
+        })
+        .await
+    }
+
+    /// Evaluates JS `source` on the runtime and returns its `spec` export as JSON text.
+    pub async fn js_describe(
+        &self,
+        runtime: &Prepared,
+        limits: &Limits,
+        source: &str,
+    ) -> Run<Result<String, String>> {
+        let Some(pre) = runtime.js.clone() else {
+            return Run::host_fault("not the JavaScript runtime");
+        };
+        let source = source.to_owned();
+        let nothing = Permissions::default();
+        self.run(limits, Helpers::default(), &nothing, |store| {
+            Box::pin(async move {
+                let js = pre.instantiate_async(&mut *store).await?;
+                js.call_describe(store, &source).await
+            })
+        })
+        .await
+    }
+
+    /// Runs one tool call in a fresh instance.
+    pub async fn call(
+        &self,
+        prepared: &Prepared,
+        limits: &Limits,
+        helpers: Helpers,
+        permissions: &Permissions,
+        entry: Entry<'_>,
+        ctx: &CallContext,
+    ) -> Run<Result<String, GuestToolError>> {
+        let guest_ctx = bindings::toolhost::plugin::types::CallContext {
+            tenant: ctx.tenant.clone(),
+            call_id: ctx.call_id.clone(),
+            tool: ctx.tool.clone(),
+            data: ctx.data.to_string(),
+        };
+        let tool = ctx.tool.clone();
+        match entry {
+            Entry::Tool { args } => {
+                let args = args.to_owned();
+                let Some(pre) = prepared.plugin.clone() else {
+                    return Run::host_fault("not a tool component");
+                };
+                self.run(limits, helpers, permissions, move |store| {
+                    Box::pin(async move {
+                        let plugin = pre.instantiate_async(&mut *store).await?;
+                        plugin.call_call(store, &tool, &args, &guest_ctx).await
+                    })
+                })
+                .await
+            }
+            Entry::Js { source, args } => {
+                let Some(pre) = prepared.js.clone() else {
+                    return Run::host_fault("not the JavaScript runtime");
+                };
+                let (source, args) = (source.to_owned(), args.to_owned());
+                self.run(limits, helpers, permissions, move |store| {
+                    Box::pin(async move {
+                        let js = pre.instantiate_async(&mut *store).await?;
+                        js.call_run(store, &source, &args, &guest_ctx).await
+                    })
+                })
+                .await
+            }
+        }
+    }
+
+    /// Instantiates, runs `entry` under `limits`, and drops the instance.
+    async fn run<T>(
+        &self,
+        limits: &Limits,
+        helpers: Helpers,
+        permissions: &Permissions,
+        entry: impl for<'s> FnOnce(
+            &'s mut Store<CallState>,
+        )
+            -> Pin<Box<dyn Future<Output = wasmtime::Result<T>> + Send + 's>>
+        + Send,
+    ) -> Run<T> {
+        // Closed only if the sandbox is dropped, which cannot happen while `&self` lives.
+        let Ok(_slot) = self.slots.acquire().await else {
+            return Run {
+                result: Err(Fault::Host("the sandbox is shutting down".into())),
+                fuel_used: 0,
+            };
+        };
+        let deadline = Instant::now() + limits.timeout();
+        let mut store = match new_store(&self.engine, limits, helpers, permissions, deadline) {
+            Ok(store) => store,
+            Err(message) => {
+                return Run {
+                    result: Err(Fault::Host(message)),
+                    fuel_used: 0,
+                };
+            }
+        };
+        let execution = entry(&mut store);
+        // The epoch deadline stops guest code; this stops a guest blocked in a host call.
+        let outcome = tokio::time::timeout_at(deadline.into(), execution).await;
+        let fuel_used = limits.fuel - store.get_fuel().unwrap_or(0);
+        let result = match outcome {
+            Err(_elapsed) => Err(Fault::Timeout),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(classify(store.data(), &error)),
+        };
+        Run { result, fuel_used }
+    }
+}
+
+/// Everything that is set once per engine, in one place (after `wasmtime serve`).
+fn engine(config: &SandboxConfig) -> Result<Engine, wasmtime::Error> {
+    let base = || {
+        let mut c = Config::new();
+        c.wasm_component_model(true)
+            .consume_fuel(true)
+            .epoch_interruption(true)
+            .parallel_compilation(true);
+        c
+    };
+    let slots = config.max_instances;
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(slots)
+        .total_stacks(slots)
+        .total_core_instances(slots * CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(slots * MEMORIES_PER_COMPONENT)
+        .total_tables(slots * TABLES_PER_COMPONENT)
+        .max_memory_size(MEMORY_BYTES.max as usize);
+    let mut pooled = base();
+    pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    match Engine::new(&pooled) {
+        Ok(engine) => Ok(engine),
+        // The pool reserves address space up front; a constrained process may refuse it.
+        Err(error) => {
+            tracing::warn!(%error, "pooling allocator unavailable; allocating instances on demand");
+            Engine::new(&base())
+        }
+    }
+}
+
+/// sha256 over wasmtime's own compatibility hash (its version and every code-changing setting).
+fn fingerprint(engine: &Engine) -> String {
+    struct Sha(Sha256);
+    impl Hasher for Sha {
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.update(bytes);
+        }
+        fn finish(&self) -> u64 {
+            unreachable!("only the digest is read")
+        }
+    }
+    let mut hasher = Sha(Sha256::new());
+    std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut hasher);
+    hex(&hasher.0.finalize())
+}
+
+/// One ticker per engine. Stops when the returned sender is dropped.
+fn spawn_epoch_ticker(engine: Engine, tick: Duration) -> mpsc::Sender<()> {
+    let (stop, stopped) = mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("toolhost-epoch".into())
+        .spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
+                engine.increment_epoch();
+            }
+        })
+        .expect("spawning the epoch thread");
+    stop
+}
+
+fn new_store(
+    engine: &Engine,
+    limits: &Limits,
+    helpers: Helpers,
+    permissions: &Permissions,
+    deadline: Instant,
+) -> Result<Store<CallState>, String> {
+    // No env, args or sockets, and only the granted directories and HTTP destinations.
+    let mut wasi = WasiCtx::builder();
+    wasi.stdout(Capture(helpers.clone(), Stream::Stdout))
+        .stderr(Capture(helpers.clone(), Stream::Stderr))
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+    for dir in &permissions.dirs {
+        let perms = match dir.write {
+            true => FsPerms::ReadWrite,
+            false => FsPerms::ReadOnly,
+        };
+        wasi.preopened_dir(&dir.host, &dir.guest, perms)
+            .map_err(|e| format!("cannot open the granted directory {}: {e}", dir.guest))?;
+    }
+    let outbound = Outbound {
+        rules: permissions.network.clone(),
+        egress: permissions.egress.clone(),
+        helpers: helpers.clone(),
+    };
+    let state = CallState {
+        tools: permissions.tools.clone(),
+        deadline,
+        wasi: wasi.build(),
+        http: WasiHttpCtx::new(),
+        outbound,
+        table: ResourceTable::new(),
+        memory: MemoryCap {
+            limit: limits.memory_bytes as usize,
+            used: 0,
+            exceeded: false,
+        },
+        helpers,
+    };
+    let mut store = Store::new(engine, state);
+    store.limiter(|state| &mut state.memory);
+    store
+        .set_fuel(limits.fuel)
+        .expect("fuel is enabled on this engine");
+    // Check the deadline at every tick and yield to the executor, so that busy guests never
+    // starve other calls. `yield_now` defers the wake-up until tokio has polled its timers
+    // and sockets; a plain yield would let guests delay them by 61 ticks.
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |_| {
+        Ok(if Instant::now() >= deadline {
+            UpdateDeadline::Interrupt
+        } else {
+            UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+        })
+    });
+    Ok(store)
+}
+
+/// `tools.call-tool`: hands the call to whoever runs this one, and waits for the answer.
+async fn call_tool(
+    mut store: wasmtime::StoreContextMut<'_, CallState>,
+    tool: String,
+    args: String,
+) -> wasmtime::Result<(Result<String, String>,)> {
+    let Some(tools) = store.data().tools.clone() else {
+        return Ok((Err("denied: this call may not call other tools".into()),));
+    };
+    let fuel = store.get_fuel()?;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let request = NestedCall {
+        tool,
+        args,
+        fuel,
+        deadline: store.data().deadline,
+        reply,
+    };
+    if tools.send(request).await.is_err() {
+        return Ok((Err("internal: nested calls are not served".into()),));
+    }
+    let Ok(answer) = answer.await else {
+        return Ok((Err("internal: the nested call was dropped".into()),));
+    };
+    store.set_fuel(fuel.saturating_sub(answer.fuel_used))?;
+    Ok((answer.result,))
+}
+
+fn classify(state: &CallState, error: &wasmtime::Error) -> Fault {
+    // Checked first: a memory refusal surfaces as an error of ours, not as a `Trap`.
+    if state.memory.exceeded {
+        return Fault::MemoryLimit;
+    }
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => Fault::Timeout,
+        Some(Trap::OutOfFuel) => Fault::OutOfFuel,
+        Some(trap) => Fault::Trap(trap.to_string()),
+        None => Fault::Trap(format!("{error:#}")),
+    }
+}
+
+/// The per-call state a guest's host calls see.
+pub struct CallState {
+    tools: Option<tokio::sync::mpsc::Sender<NestedCall>>,
+    deadline: Instant,
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    outbound: Outbound,
+    table: ResourceTable,
+    memory: MemoryCap,
+    helpers: Helpers,
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for CallState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.outbound,
+        }
+    }
+}
+
+impl bindings::toolhost::plugin::types::Host for CallState {}
+
+impl bindings::toolhost::plugin::helpers::Host for CallState {
+    fn log(&mut self, level: bindings::toolhost::plugin::helpers::Level, message: String) {
+        use bindings::toolhost::plugin::helpers::Level as L;
+        let level = match level {
+            L::Trace => Level::Trace,
+            L::Debug => Level::Debug,
+            L::Info => Level::Info,
+            L::Warn => Level::Warn,
+            L::Error => Level::Error,
+        };
+        self.helpers.log(level, &message);
+    }
+
+    fn kv_get(&mut self, key: String) -> Result<Option<Vec<u8>>, String> {
+        self.helpers.kv_get(&key).map_err(|e| e.0)
+    }
+
+    fn kv_set(&mut self, key: String, value: Vec<u8>) -> Result<(), String> {
+        self.helpers.kv_set(&key, &value).map_err(|e| e.0)
+    }
+
+    fn kv_delete(&mut self, key: String) -> Result<bool, String> {
+        self.helpers.kv_delete(&key).map_err(|e| e.0)
+    }
+
+    fn config_get(&mut self, key: String) -> Result<Option<String>, String> {
+        self.helpers.config_get(&key).map_err(|e| e.0)
+    }
+}
+
+/// Caps the total linear memory of one call and remembers whether the cap was hit.
+struct MemoryCap {
+    limit: usize,
+    used: usize,
+    exceeded: bool,
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let used = self.used - current.min(self.used) + desired;
+        if used > self.limit {
+            self.exceeded = true;
+            wasmtime::bail!("memory limit of {} bytes reached", self.limit);
+        }
+        self.used = used;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+/// Guest stdout or stderr, written into the call's log. Always accepts the write (a guest
+/// whose `println!` failed would panic); bytes past the cap are counted and dropped.
+#[derive(Clone)]
+struct Capture(Helpers, Stream);
+
+impl IsTerminal for Capture {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for Capture {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for Capture {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.0.write(self.1, &bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(64 * 1024)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for Capture {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for Capture {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.0.write(self.1, buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}

@@ -1,0 +1,227 @@
+//! The operator's commands (tenants, keys, configuration, policies), run either on a host the
+//! CLI opened itself or, while `toolhost serve` owns the data directory, on the server's host
+//! through a Unix socket in that directory. One implementation, two ways in.
+//!
+//! The socket speaks one JSON [`AdminCommand`] line in, one JSON [`AdminReply`] line out. It
+//! is created owner-only (0600): whoever may read the data directory's files may run these.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use toolhost::{Host, TenantPolicy};
+
+/// The socket's name in the data directory.
+pub const SOCKET: &str = "admin.sock";
+/// A request line longer than this is refused (a policy is the largest command).
+const MAX_REQUEST_BYTES: usize = 4 << 20;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum AdminCommand {
+    TenantCreate {
+        tenant: String,
+    },
+    TenantList,
+    KeyCreate {
+        tenant: String,
+    },
+    /// Every tenant's keys when `tenant` is `None`.
+    KeyList {
+        tenant: Option<String>,
+    },
+    KeyRevoke {
+        id: String,
+    },
+    ConfigSet {
+        tenant: String,
+        key: String,
+        value: String,
+        secret: bool,
+    },
+    ConfigList {
+        tenant: String,
+    },
+    ConfigRemove {
+        tenant: String,
+        key: String,
+    },
+    PolicyShow {
+        tenant: String,
+    },
+    PolicySet {
+        tenant: String,
+        policy: TenantPolicy,
+    },
+}
+
+/// What a command printed, or why it failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AdminReply {
+    Done { stdout: String, stderr: String },
+    Failed(String),
+}
+
+impl AdminCommand {
+    pub fn execute(self, host: &Host) -> AdminReply {
+        match self.run(host) {
+            Ok((stdout, stderr)) => AdminReply::Done { stdout, stderr },
+            Err(message) => AdminReply::Failed(message),
+        }
+    }
+
+    fn run(self, host: &Host) -> Result<(String, String), String> {
+        let fail = |e: &dyn std::fmt::Display| e.to_string();
+        let out = |text: String| Ok((text, String::new()));
+        match self {
+            AdminCommand::TenantCreate { tenant } => {
+                let created = host.create_tenant(&tenant).map_err(|e| fail(&e))?;
+                out(format!(
+                    "{} tenant {tenant}\n",
+                    if created { "created" } else { "existing" }
+                ))
+            }
+            AdminCommand::TenantList => {
+                let tenants = host.tenants().map_err(|e| fail(&e))?;
+                out(tenants.iter().map(|t| format!("{t}\n")).collect())
+            }
+            AdminCommand::KeyCreate { tenant } => {
+                let key = host.create_key(&tenant).map_err(|e| fail(&e))?;
+                Ok((
+                    format!("{}\n", key.secret),
+                    format!(
+                        "key {} for tenant {tenant}: store it now, it is not shown again\n",
+                        key.record.id
+                    ),
+                ))
+            }
+            AdminCommand::KeyList { tenant } => {
+                let keys = host.keys(tenant.as_deref()).map_err(|e| fail(&e))?;
+                out(keys
+                    .iter()
+                    .map(|k| {
+                        format!(
+                            "{}  {}  created {}\n",
+                            k.id,
+                            k.tenant,
+                            rfc3339(k.created_at_ms)
+                        )
+                    })
+                    .collect())
+            }
+            AdminCommand::KeyRevoke { id } => {
+                if !host.revoke_key(&id).map_err(|e| fail(&e))? {
+                    return Err(format!("no key with id `{id}`"));
+                }
+                out(format!("revoked {id}\n"))
+            }
+            AdminCommand::ConfigSet {
+                tenant,
+                key,
+                value,
+                secret,
+            } => {
+                host.set_config(&tenant, &key, &value, secret)
+                    .map_err(|e| fail(&e))?;
+                out(format!(
+                    "set {key}{}\n",
+                    if secret { " (secret)" } else { "" }
+                ))
+            }
+            AdminCommand::ConfigList { tenant } => {
+                let entries = host.config(&tenant).map_err(|e| fail(&e))?;
+                out(entries
+                    .into_iter()
+                    .map(|(k, v)| format!("{k} = {}\n", v.unwrap_or_else(|| "(secret)".into())))
+                    .collect())
+            }
+            AdminCommand::ConfigRemove { tenant, key } => {
+                if !host.remove_config(&tenant, &key).map_err(|e| fail(&e))? {
+                    return Err(format!("no config key `{key}`"));
+                }
+                out(format!("removed {key}\n"))
+            }
+            AdminCommand::PolicyShow { tenant } => {
+                let policy = host.policy(&tenant);
+                out(format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&*policy).expect("a policy serializes")
+                ))
+            }
+            AdminCommand::PolicySet { tenant, policy } => {
+                host.set_policy(&tenant, policy).map_err(|e| fail(&e))?;
+                out(format!("policy set for {tenant}\n"))
+            }
+        }
+    }
+}
+
+/// Serves admin commands on `data_dir/admin.sock` until the task is dropped. A stale socket
+/// file from a process that died is replaced: the data directory's lock says this one owns it.
+pub async fn serve(host: Arc<Host>, data_dir: &Path) -> std::io::Result<()> {
+    let path = data_dir.join(SOCKET);
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let host = host.clone();
+        tokio::spawn(async move {
+            if let Err(error) = answer(&host, stream).await {
+                tracing::warn!(%error, "admin connection failed");
+            }
+        });
+    }
+}
+
+async fn answer(host: &Host, stream: UnixStream) -> std::io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES as u64));
+    reader.read_line(&mut line).await?;
+    let reply = match serde_json::from_str::<AdminCommand>(&line) {
+        Ok(command) => command.execute(host),
+        Err(e) => AdminReply::Failed(format!("not an admin command: {e}")),
+    };
+    let mut text = serde_json::to_string(&reply).expect("a reply serializes");
+    text.push('\n');
+    write.write_all(text.as_bytes()).await
+}
+
+/// Sends `command` to the server that owns `data_dir`.
+pub async fn send(data_dir: &Path, command: &AdminCommand) -> std::io::Result<AdminReply> {
+    let path = data_dir.join(SOCKET);
+    let stream = UnixStream::connect(&path).await?;
+    let (read, mut write) = stream.into_split();
+    let mut text = serde_json::to_string(command).expect("a command serializes");
+    text.push('\n');
+    write.write_all(text.as_bytes()).await?;
+    let mut line = String::new();
+    BufReader::new(read).read_line(&mut line).await?;
+    serde_json::from_str(&line).map_err(std::io::Error::other)
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` from Unix milliseconds (civil-from-days, no date crate needed).
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

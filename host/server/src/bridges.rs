@@ -1,0 +1,306 @@
+//! Progressive disclosure: for large catalogs an agent sees `tool_search`, `tool_describe` and
+//! `tool_call` instead of every schema, and finds tools by ranked search (`toolhost-search`).
+//!
+//! `tool_call` goes through [`Host::call`], so validation, limits and every other step of the
+//! pipeline apply exactly as to a direct call.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use toolhost::schema::ArgError;
+use toolhost::{CallError, CallOutcome, Caller, Host, Store, ToolSpec};
+use toolhost_search::{Index, SentenceEncoder, ToolVectors, VectorCache};
+
+pub const TOOL_SEARCH: &str = "tool_search";
+pub const TOOL_DESCRIBE: &str = "tool_describe";
+pub const TOOL_CALL: &str = "tool_call";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Off,
+    On,
+    /// On when the full listing would exceed `threshold_pct` of `listing_max_tokens`.
+    Auto,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DisclosureConfig {
+    pub enabled: Mode,
+    pub threshold_pct: u32,
+    pub listing_max_tokens: usize,
+    pub search_default_limit: usize,
+    pub max_search_limit: usize,
+    /// The top hits carry their full input schema, so the agent can call at once.
+    pub search_inline_schema_max: usize,
+    /// Offer `tool_call`; without it the agent calls found tools by name.
+    pub call_bridge: bool,
+    /// Listed in full even when disclosure is on.
+    pub eager_tools: Vec<String>,
+    /// Never listed in full: only found through search (turns the bridges on).
+    pub defer_tools: Vec<String>,
+    /// Rank with this contextual encoder instead of the static embeddings: better recall,
+    /// milliseconds per query (`toolhost serve --search-model DIR`).
+    #[serde(skip)]
+    pub search_model: Option<Arc<SentenceEncoder>>,
+}
+
+impl Default for DisclosureConfig {
+    fn default() -> Self {
+        DisclosureConfig {
+            enabled: Mode::Auto,
+            threshold_pct: 50,
+            listing_max_tokens: 8_000,
+            search_default_limit: 5,
+            max_search_limit: 20,
+            search_inline_schema_max: 5,
+            call_bridge: true,
+            eager_tools: Vec::new(),
+            defer_tools: Vec::new(),
+            search_model: None,
+        }
+    }
+}
+
+/// What an agent is shown, and the bridge calls that serve it.
+pub struct Disclosure {
+    host: Arc<Host>,
+    config: DisclosureConfig,
+    /// Each tenant's search index, with the host generation it was built at.
+    indexes: Mutex<HashMap<String, Arc<TenantIndex>>>,
+    /// With a search model: its vectors of tool texts, kept in memory and in the store.
+    tool_vectors: Option<ToolVectors>,
+}
+
+struct TenantIndex {
+    generation: (u64, u64),
+    specs: Vec<ToolSpec>,
+    index: Index,
+}
+
+impl Disclosure {
+    pub fn new(host: Arc<Host>, config: DisclosureConfig) -> Self {
+        let tool_vectors = config.search_model.clone().map(|encoder| {
+            let cache: Arc<dyn VectorCache> = Arc::new(StoreVectors(host.store().clone()));
+            ToolVectors::new(encoder, Some(cache))
+        });
+        Disclosure {
+            host,
+            config,
+            indexes: Mutex::default(),
+            tool_vectors,
+        }
+    }
+
+    /// The tenant's index, rebuilt only when the host's tools changed since it was built.
+    fn index(&self, tenant: &str) -> Arc<TenantIndex> {
+        let generation = self.host.generation();
+        let indexes = || self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(cached) = indexes().get(tenant).filter(|c| c.generation == generation) {
+            return cached.clone();
+        }
+        // Built outside the lock: with a contextual encoder a build takes seconds, and other
+        // tenants' searches must not wait for it.
+        let specs: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
+        let index = match &self.tool_vectors {
+            Some(vectors) => Index::build_contextual(&specs, vectors),
+            None => Index::build(&specs),
+        };
+        let built = Arc::new(TenantIndex {
+            generation,
+            specs,
+            index,
+        });
+        indexes().insert(tenant.to_owned(), built.clone());
+        built
+    }
+
+    /// The tools to list to an agent of `tenant`: all of them, or the eager ones and the
+    /// bridges.
+    pub fn listing(&self, tenant: &str) -> Vec<ToolSpec> {
+        let visible: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
+        if !self.active(&visible) {
+            return visible;
+        }
+        let eager = |s: &ToolSpec| {
+            self.config.enabled == Mode::Off && !self.config.defer_tools.contains(&s.name)
+                || self.config.eager_tools.contains(&s.name)
+        };
+        let mut listing: Vec<ToolSpec> = visible.into_iter().filter(eager).collect();
+        listing.extend(self.bridges());
+        listing
+    }
+
+    fn active(&self, visible: &[ToolSpec]) -> bool {
+        let deferred = visible
+            .iter()
+            .any(|s| self.config.defer_tools.contains(&s.name));
+        deferred
+            || match self.config.enabled {
+                Mode::Off => false,
+                Mode::On => true,
+                Mode::Auto => {
+                    let chars: usize = visible
+                        .iter()
+                        .map(|s| serde_json::to_string(s).map_or(0, |j| j.len()))
+                        .sum();
+                    // About four characters a token for JSON tool specs.
+                    let tokens = chars / 4;
+                    tokens * 100
+                        > self.config.listing_max_tokens * self.config.threshold_pct as usize
+                }
+            }
+    }
+
+    fn bridges(&self) -> Vec<ToolSpec> {
+        let max = self.config.max_search_limit;
+        let mut bridges = vec![
+            ToolSpec::new(
+                TOOL_SEARCH,
+                "Searches the available tools by what they do. Returns the best matches with their descriptions; the top ones include their input schema.",
+                json!({"type": "object", "required": ["query"], "properties": {
+                    "query": {"type": "string", "description": "What the tool should do, in a few words."},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": max, "description": "How many tools to return."}
+                }}),
+            ),
+            ToolSpec::new(
+                TOOL_DESCRIBE,
+                "Returns a tool's full description and input schema, by name.",
+                json!({"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string", "description": "The tool's exact name."}
+                }}),
+            ),
+        ];
+        if self.config.call_bridge {
+            bridges.push(ToolSpec::new(
+                TOOL_CALL,
+                "Calls a tool found with tool_search, by name, with its arguments.",
+                json!({"type": "object", "required": ["name", "arguments"], "properties": {
+                    "name": {"type": "string"},
+                    "arguments": {"type": "object", "description": "Arguments matching the tool's input schema."}
+                }}),
+            ));
+        }
+        bridges
+    }
+
+    /// Calls `name`: a bridge, or any tool through the host.
+    pub async fn call(&self, caller: &Caller, name: &str, args: Value) -> Result<Value, CallError> {
+        match name {
+            TOOL_SEARCH => {
+                let query = args["query"]
+                    .as_str()
+                    .ok_or_else(|| bad("query must be a string"))?;
+                let limit = args["limit"]
+                    .as_u64()
+                    .map_or(self.config.search_default_limit, |l| l as usize);
+                let limit = limit.clamp(1, self.config.max_search_limit);
+                let search = || self.search(&caller.tenant, query, limit);
+                let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| {
+                    h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+                });
+                // The contextual encoder holds the thread for milliseconds (seconds when a
+                // catalog changed): let the runtime move other tasks off this worker.
+                Ok(if self.config.search_model.is_some() && multi_thread {
+                    tokio::task::block_in_place(search)
+                } else {
+                    search()
+                })
+            }
+            TOOL_DESCRIBE => {
+                let wanted = args["name"]
+                    .as_str()
+                    .ok_or_else(|| bad("name must be a string"))?;
+                let info = self
+                    .host
+                    .list(&caller.tenant)
+                    .into_iter()
+                    .find(|t| t.spec.name == wanted);
+                let spec = info
+                    .ok_or_else(|| CallError::NotFound {
+                        name: wanted.to_owned(),
+                    })?
+                    .spec;
+                Ok(
+                    json!({"name": spec.name, "description": spec.description, "parameters": spec.parameters}),
+                )
+            }
+            TOOL_CALL if self.config.call_bridge => {
+                let target = args["name"]
+                    .as_str()
+                    .ok_or_else(|| bad("name must be a string"))?;
+                if [TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL].contains(&target) {
+                    return Err(bad("tool_call calls tools, not the bridges"));
+                }
+                // Only what this tenant's agent may see: private tools stay the host's.
+                if self
+                    .host
+                    .list(&caller.tenant)
+                    .iter()
+                    .all(|t| t.spec.name != target)
+                {
+                    return Err(CallError::NotFound {
+                        name: target.to_owned(),
+                    });
+                }
+                let outcome: CallOutcome = self
+                    .host
+                    .call(caller, target, args["arguments"].clone())
+                    .await;
+                outcome.result
+            }
+            _ => self.host.call(caller, name, args).await.result,
+        }
+    }
+
+    fn search(&self, tenant: &str, query: &str, limit: usize) -> Value {
+        let cached = self.index(tenant);
+        let visible = &cached.specs;
+        let hits: Vec<Value> = cached
+            .index
+            .search(query, limit)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, (i, score))| {
+                let spec = &visible[i];
+                let mut hit = json!({"name": spec.name, "description": spec.description, "score": (f64::from(score) * 1000.0).round() / 1000.0});
+                if rank < self.config.search_inline_schema_max {
+                    hit["parameters"] = spec.parameters.clone();
+                }
+                hit
+            })
+            .collect();
+        json!({"results": hits})
+    }
+}
+
+fn bad(message: &str) -> CallError {
+    CallError::InvalidArgs {
+        errors: vec![ArgError {
+            path: String::new(),
+            message: message.to_owned(),
+        }],
+    }
+}
+
+/// Search vectors kept in the host's store beside the catalog.
+struct StoreVectors(Arc<dyn Store>);
+
+impl VectorCache for StoreVectors {
+    fn get(&self, key: &str) -> Option<Vec<u8>> {
+        self.0
+            .search_vector(key)
+            .inspect_err(|error| tracing::warn!(%error, "search vector unreadable; encoding"))
+            .ok()
+            .flatten()
+    }
+
+    fn put(&self, key: &str, vector: &[u8]) {
+        if let Err(error) = self.0.put_search_vector(key, vector) {
+            tracing::warn!(%error, "search vector not stored");
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! toolhost over the network: the HTTP API (`/v1`, key auth, the JSON error shape,
+//! `/openapi.json`), MCP over Streamable HTTP (`/mcp`) and stdio, the progressive-disclosure
+//! bridges (`tool_search`, `tool_describe`, `tool_call`), and the operator's admin socket.
+//! Everything below it is the `toolhost` library; nothing below it knows HTTP.
+
+pub mod admin;
+pub mod bridges;
+pub mod mcp;
+pub mod server;
+
+pub use server::{ServerOptions, router, serve};

@@ -1,0 +1,213 @@
+//! The MCP server: a tenant's visible tools over the Model Context Protocol (rmcp), on
+//! Streamable HTTP at `/mcp` (tenant from the API key) or on stdio (tenant fixed at start).
+//!
+//! Tool failures are results with `isError: true`; JSON-RPC errors are kept for malformed
+//! requests (an unknown tool, a bad cursor). A JSON result is returned as text and as
+//! `structuredContent` (wrapped as `{"result": ...}` when it is not an object, as MCP requires
+//! an object there).
+
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+
+use toolhost::export::{self, Format};
+use toolhost::{Caller, Host};
+
+use crate::bridges::{Disclosure, DisclosureConfig, TOOL_CALL, TOOL_DESCRIBE, TOOL_SEARCH};
+
+/// Tools per `tools/list` page.
+pub const PAGE_SIZE: usize = 50;
+
+/// The tenant of an HTTP request, set by the server's authentication before MCP sees it.
+#[derive(Debug, Clone)]
+pub struct McpTenant(pub String);
+
+#[derive(Clone)]
+pub struct McpServer {
+    host: Arc<Host>,
+    /// What the agent is shown: every tool, or the search bridges for a large catalog.
+    disclosure: Arc<Disclosure>,
+    /// Fixed for stdio; `None` takes it from each HTTP request's [`McpTenant`].
+    tenant: Option<String>,
+}
+
+impl McpServer {
+    pub fn stdio(host: Arc<Host>, disclosure: DisclosureConfig, tenant: String) -> Self {
+        McpServer {
+            disclosure: Arc::new(Disclosure::new(host.clone(), disclosure)),
+            host,
+            tenant: Some(tenant),
+        }
+    }
+
+    pub fn http(host: Arc<Host>, disclosure: Arc<Disclosure>) -> Self {
+        McpServer {
+            host,
+            disclosure,
+            tenant: None,
+        }
+    }
+
+    fn tenant(&self, extensions: &rmcp::model::Extensions) -> Result<String, ErrorData> {
+        if let Some(tenant) = &self.tenant {
+            return Ok(tenant.clone());
+        }
+        extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<McpTenant>())
+            .map(|t| t.0.clone())
+            .ok_or_else(|| ErrorData::invalid_request("no tenant for this request", None))
+    }
+}
+
+/// Serves MCP on stdin/stdout for `tenant` until the client disconnects.
+pub async fn serve_stdio(
+    host: Arc<Host>,
+    disclosure: DisclosureConfig,
+    tenant: String,
+) -> Result<(), String> {
+    use rmcp::ServiceExt;
+    let running = McpServer::stdio(host, disclosure, tenant)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| e.to_string())?;
+    running
+        .waiting()
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+impl ServerHandler for McpServer {
+    fn get_info(&self) -> ServerConfig {
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .build();
+        let server: Implementation = serde_json::from_value(json!({
+            "name": "toolhost",
+            "version": env!("CARGO_PKG_VERSION"),
+        }))
+        .expect("a valid implementation record");
+        ServerConfig::new(capabilities).with_server_info(server)
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let tenant = self.tenant(&context.extensions)?;
+        let start = match request.and_then(|r| r.cursor) {
+            None => 0,
+            Some(cursor) => cursor.parse::<usize>().map_err(|_| {
+                ErrorData::invalid_params(format!("invalid cursor `{cursor}`"), None)
+            })?,
+        };
+        let listed = self.disclosure.listing(&tenant);
+        let page: Vec<Value> = listed
+            .iter()
+            .skip(start)
+            .take(PAGE_SIZE)
+            .map(|spec| export::tool(spec, Format::Mcp))
+            .collect();
+        let next = (start + PAGE_SIZE < listed.len()).then(|| (start + PAGE_SIZE).to_string());
+        let tools: Vec<Tool> = page
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(|e| ErrorData::internal_error(format!("a tool did not convert: {e}"), None))?;
+        let result = json!({"tools": tools, "nextCursor": next});
+        serde_json::from_value(result).map_err(|e| ErrorData::internal_error(e.to_string(), None))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let tenant = self.tenant(&context.extensions)?;
+        let name = request.name.to_string();
+        // Callable: any visible tool (found through search or listed), and the bridges when
+        // they are listed. Private tools are the host's: an agent cannot call them by name
+        // either. Looked up by name: building the whole listing per call is O(catalog).
+        let visible = self
+            .host
+            .describe(&tenant, &name)
+            .is_some_and(|info| !info.spec.private);
+        let bridge = [TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL].contains(&name.as_str())
+            && self
+                .disclosure
+                .listing(&tenant)
+                .iter()
+                .any(|s| s.name == name);
+        if !visible && !bridge {
+            return Err(ErrorData::invalid_params(
+                format!("no tool named `{name}`"),
+                None,
+            ));
+        }
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        let result = match self
+            .disclosure
+            .call(&Caller::tenant(tenant), &name, args)
+            .await
+        {
+            Ok(value) => {
+                let structured = if value.is_object() {
+                    value.clone()
+                } else {
+                    json!({"result": value})
+                };
+                json!({
+                    "content": [{"type": "text", "text": value.to_string()}],
+                    "structuredContent": structured,
+                    "isError": false,
+                })
+            }
+            Err(error) => json!({
+                "content": [{"type": "text", "text": format!("error[{}]: {error}", error.code())}],
+                "isError": true,
+            }),
+        };
+        let result: CallToolResult = serde_json::from_value(result)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(result.into())
+    }
+
+    /// Tells this session's client when its tenant's tools change, until the session ends.
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        let Ok(tenant) = self.tenant(&context.extensions) else {
+            return;
+        };
+        let mut changes = self.host.subscribe_changes();
+        let peer = context.peer;
+        tokio::spawn(async move {
+            loop {
+                let changed = tokio::select! {
+                    change = changes.recv() => change,
+                    // A session that ends without a change must not keep this task alive.
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {
+                        if peer.is_transport_closed() { return; }
+                        continue;
+                    }
+                };
+                let ours = match changed {
+                    Ok(changed) => changed == tenant,
+                    Err(RecvError::Lagged(_)) => true,
+                    Err(RecvError::Closed) => return,
+                };
+                if ours && peer.notify_tool_list_changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,567 @@
+//! The HTTP API and the MCP endpoint: the host's operations for the caller's tenant, behind
+//! API keys. MCP (Streamable HTTP) is at `/mcp`; see [`crate::mcp`].
+//!
+//! Every route under `/v1` takes `Authorization: Bearer <key>`; the key decides the tenant.
+//! Errors have one shape, `{"error": {"code": "...", "message": "..."}}`. Another tenant's
+//! tool answers exactly like a tool that does not exist.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{
+    DefaultBodyLimit, FromRequest, FromRequestParts, Multipart, Path, Query, Request, State,
+};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use toolhost::export::Format;
+use toolhost::http_tool::HttpToolDef;
+use toolhost::sandbox::LoadError;
+use toolhost::{ApprovalError, CallError, CallOutcome, Caller, Host, InstallError, ManageError};
+
+use crate::bridges::{Disclosure, DisclosureConfig};
+use crate::mcp::{McpServer, McpTenant};
+
+/// Every request but an upload.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// Room for multipart framing around an upload of the largest allowed component.
+const MULTIPART_OVERHEAD: usize = 64 * 1024;
+
+const OPENAPI: &str = include_str!("openapi.json");
+
+#[derive(Clone)]
+struct App {
+    host: Arc<Host>,
+}
+
+/// How the server presents tools to agents.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// What MCP lists: every tool, or search bridges for large catalogs.
+    pub disclosure: DisclosureConfig,
+}
+
+/// The API's routes over `host`, MCP included.
+pub fn router(host: Arc<Host>, options: ServerOptions) -> Router {
+    router_with_shutdown(host, options, CancellationToken::new())
+}
+
+/// `stop` ends open MCP streams at shutdown.
+fn router_with_shutdown(
+    host: Arc<Host>,
+    options: ServerOptions,
+    stop: CancellationToken,
+) -> Router {
+    let max_upload = host.max_component_bytes() + MULTIPART_OVERHEAD;
+    let mcp = {
+        let host = host.clone();
+        let disclosure = Arc::new(Disclosure::new(host.clone(), options.disclosure));
+        let config = StreamableHttpServerConfig::default()
+            .with_cancellation_token(stop)
+            .with_max_request_body_bytes(MAX_REQUEST_BYTES);
+        StreamableHttpService::new(
+            move || Ok(McpServer::http(host.clone(), disclosure.clone())),
+            LocalSessionManager::default().into(),
+            config,
+        )
+    };
+    let app = App { host };
+    let mcp = Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            mcp_tenant,
+        ));
+    Router::new()
+        .merge(mcp)
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/openapi.json", get(openapi))
+        .route(
+            "/v1/tools",
+            get(list)
+                .post(install)
+                .layer(DefaultBodyLimit::max(max_upload)),
+        )
+        .route("/v1/tools/{name}", get(describe).delete(remove))
+        .route("/v1/tools/{name}/versions", get(versions))
+        .route("/v1/tools/{name}/rollback", post(rollback))
+        .route("/v1/tools/{name}/call", post(call))
+        .route("/v1/export", get(export))
+        .route("/v1/policy", get(policy))
+        .route("/v1/approvals", get(approvals))
+        .route("/v1/approvals/{call_id}/approve", post(approve))
+        .route("/v1/approvals/{call_id}/reject", post(reject))
+        .route("/metrics", get(metrics))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "no_route",
+                "no such route; see /openapi.json",
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+        .with_state(app)
+}
+
+/// `/mcp` takes the same API keys: the key's tenant rides along in the request's extensions.
+async fn mcp_tenant(
+    State(app): State<App>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (mut parts, body) = request.into_parts();
+    match Tenant::from_request_parts(&mut parts, &app).await {
+        Ok(Tenant(tenant)) => {
+            parts.extensions.insert(McpTenant(tenant));
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Serves `host` on `listener` until `shutdown` resolves, then lets running requests finish.
+pub async fn serve(
+    host: Arc<Host>,
+    listener: tokio::net::TcpListener,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let stop = CancellationToken::new();
+    let app = router_with_shutdown(host, options, stop.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            // Open MCP event streams never end on their own; requests in flight still finish.
+            stop.cancel();
+        })
+        .await
+}
+
+/// An error as the API returns it.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn internal(error: impl std::fmt::Display) -> Self {
+        tracing::error!(%error, "request failed in the host");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the host failed; see its log",
+        )
+    }
+
+    fn not_found(name: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no tool named `{name}`"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<InstallError> for ApiError {
+    fn from(error: InstallError) -> Self {
+        let (status, code) = match &error {
+            InstallError::Load(LoadError::TooLarge { .. }) | InstallError::JsTooLarge { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+            }
+            InstallError::JsSource(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_source"),
+            InstallError::NoJsRuntime => (StatusCode::NOT_IMPLEMENTED, "no_js_runtime"),
+            InstallError::Load(_)
+            | InstallError::ListTools(_)
+            | InstallError::NoTools
+            | InstallError::TooManyTools { .. } => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component")
+            }
+            InstallError::Spec(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec"),
+            InstallError::NativeName(_) | InstallError::CaseConflict { .. } => {
+                (StatusCode::CONFLICT, "name_conflict")
+            }
+            InstallError::Tenant(_) => (StatusCode::BAD_REQUEST, "invalid_tenant"),
+            InstallError::Store(_) => return Self::internal(error),
+        };
+        Self::new(status, code, error.to_string())
+    }
+}
+
+impl From<ManageError> for ApiError {
+    fn from(error: ManageError) -> Self {
+        let (status, code) = match &error {
+            ManageError::NotFound(name) => return Self::not_found(name),
+            ManageError::NoSuchVersion { .. } | ManageError::NoEarlierVersion(_) => {
+                (StatusCode::CONFLICT, "no_such_version")
+            }
+            ManageError::Store(_) | ManageError::Random(_) => return Self::internal(error),
+            _ => (StatusCode::BAD_REQUEST, "bad_request"),
+        };
+        Self::new(status, code, error.to_string())
+    }
+}
+
+/// The caller's tenant, from its API key.
+struct Tenant(String);
+
+impl FromRequestParts<App> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, ApiError> {
+        let unauthorized = || {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or invalid API key: send `Authorization: Bearer <key>`",
+            )
+        };
+        let key = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(unauthorized)?;
+        match app.host.authenticate(key.trim()) {
+            Ok(Some(tenant)) => Ok(Tenant(tenant)),
+            Ok(None) => Err(unauthorized()),
+            Err(error) => Err(ApiError::internal(error)),
+        }
+    }
+}
+
+/// A JSON body, with every failure in the API's error shape.
+fn json_body<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| {
+        let status = e.status();
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "too_large"
+        } else {
+            "bad_request"
+        };
+        ApiError::new(status, code, e.body_text())
+    })?;
+    let bytes = if bytes.is_empty() {
+        Bytes::from_static(b"{}")
+    } else {
+        bytes
+    };
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not valid JSON for this route: {e}"),
+        )
+    })
+}
+
+async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
+async fn list(State(app): State<App>, Tenant(tenant): Tenant) -> Json<Value> {
+    Json(json!({"tools": app.host.list(&tenant)}))
+}
+
+async fn describe(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let info = app
+        .host
+        .describe(&tenant, &name)
+        .ok_or_else(|| ApiError::not_found(&name))?;
+    Ok(Json(json!(info)))
+}
+
+/// `application/wasm` (or any non-multipart type): the body is the component. Multipart: the
+/// field named `component`.
+async fn install(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let content_type = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let multipart = content_type.starts_with("multipart/form-data");
+    if content_type.starts_with("application/javascript")
+        || content_type.starts_with("text/javascript")
+    {
+        let body = Bytes::from_request(request, &app)
+            .await
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => {
+                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
+                }
+                status => ApiError::new(status, "bad_request", e.body_text()),
+            })?;
+        let source = std::str::from_utf8(&body).map_err(|_| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "the source is not UTF-8",
+            )
+        })?;
+        let installed = app.host.install_js(&tenant, source).await?;
+        return Ok((StatusCode::CREATED, Json(json!({"installed": [installed]}))).into_response());
+    }
+    if content_type.starts_with("application/json") {
+        let body = Bytes::from_request(request, &app).await;
+        let def: HttpToolDef = json_body(body)?;
+        let installed = app.host.install_http(&tenant, def)?;
+        return Ok((StatusCode::CREATED, Json(json!({"installed": [installed]}))).into_response());
+    }
+    let too_large =
+        |message: String| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message);
+    let component = if multipart {
+        let mut form = Multipart::from_request(request, &app)
+            .await
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+        let mut component = None;
+        while let Some(field) = form
+            .next_field()
+            .await
+            .map_err(|e| ApiError::new(e.status(), "bad_request", e.body_text()))?
+        {
+            if field.name() == Some("component") {
+                let bytes = field.bytes().await.map_err(|e| match e.status() {
+                    StatusCode::PAYLOAD_TOO_LARGE => too_large(e.body_text()),
+                    status => ApiError::new(status, "bad_request", e.body_text()),
+                })?;
+                component = Some(bytes);
+            }
+        }
+        component.ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "no multipart field named `component`",
+            )
+        })?
+    } else {
+        Bytes::from_request(request, &app)
+            .await
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => too_large(e.body_text()),
+                status => ApiError::new(status, "bad_request", e.body_text()),
+            })?
+    };
+    let installed = app.host.install(&tenant, component.to_vec()).await?;
+    Ok((StatusCode::CREATED, Json(json!({"installed": installed}))).into_response())
+}
+
+async fn remove(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    match app.host.remove(&tenant, &name) {
+        Ok(true) => Ok(StatusCode::NO_CONTENT),
+        Ok(false) => Err(ApiError::not_found(&name)),
+        Err(error) => Err(ApiError::internal(error)),
+    }
+}
+
+async fn versions(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!(app.host.versions(&tenant, &name)?)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackRequest {
+    to: Option<u32>,
+}
+
+async fn rollback(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Path(name): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let request: RollbackRequest = json_body(body)?;
+    let version = app.host.rollback(&tenant, &name, request.to)?;
+    Ok(Json(json!({"current": version})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallRequest {
+    #[serde(default = "empty_object")]
+    arguments: Value,
+    #[serde(default)]
+    data: Value,
+}
+
+fn empty_object() -> Value {
+    json!({})
+}
+
+/// 200 with the outcome, failed or not: the call happened. 404 only for a tool that does not
+/// exist for this tenant.
+async fn call(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Path(name): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let request: CallRequest = json_body(body)?;
+    let caller = Caller::tenant(tenant).with_data(request.data);
+    let outcome = app.host.call(&caller, &name, request.arguments).await;
+    if let Err(CallError::NotFound { .. }) = outcome.result {
+        return Err(ApiError::not_found(&name));
+    }
+    Ok(Json(outcome_body(outcome)))
+}
+
+fn outcome_body(outcome: CallOutcome) -> Value {
+    let mut body = json!({
+        "call_id": outcome.call_id,
+        "tool": outcome.tool,
+        "ok": outcome.result.is_ok(),
+        "clipped": outcome.clipped,
+        "cache_hit": outcome.cache_hit,
+        "retries": outcome.retries,
+        "duration_ms": outcome.duration.as_secs_f64() * 1e3,
+        "fuel_used": outcome.fuel_used,
+        "log": outcome.log,
+    });
+    match outcome.result {
+        Ok(value) => body["result"] = value,
+        Err(error) => {
+            let mut detail = json!({"code": error.code(), "message": error.to_string()});
+            if let CallError::RateLimited {
+                retry_after_ms: Some(ms),
+                ..
+            } = error
+            {
+                detail["retry_after_ms"] = json!(ms);
+            }
+            body["error"] = detail;
+        }
+    }
+    body
+}
+
+async fn policy(State(app): State<App>, Tenant(tenant): Tenant) -> Json<Value> {
+    Json(json!(*app.host.policy(&tenant)))
+}
+
+async fn approvals(State(app): State<App>, Tenant(tenant): Tenant) -> Json<Value> {
+    Json(json!({"pending": app.host.pending_approvals(&tenant)}))
+}
+
+/// Runs the waiting call and answers with its outcome, as `/call` would have.
+async fn approve(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Path(call_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let outcome = app
+        .host
+        .approve(&tenant, &call_id)
+        .await
+        .map_err(approval_error)?;
+    Ok(Json(outcome_body(outcome)))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RejectRequest {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn reject(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Path(call_id): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let request: RejectRequest = match &body {
+        Ok(bytes) if bytes.is_empty() => RejectRequest::default(),
+        _ => json_body(body)?,
+    };
+    let reason = request
+        .reason
+        .as_deref()
+        .unwrap_or("rejected by the operator");
+    let outcome = app
+        .host
+        .reject(&tenant, &call_id, reason)
+        .map_err(approval_error)?;
+    Ok(Json(outcome_body(outcome)))
+}
+
+fn approval_error(error: ApprovalError) -> ApiError {
+    match error {
+        ApprovalError::Store(_) => ApiError::internal(error),
+        _ => ApiError::new(StatusCode::NOT_FOUND, "not_pending", error.to_string()),
+    }
+}
+
+/// Prometheus metrics. No key: the page names no tenant and no tool.
+async fn metrics(State(app): State<App>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.host.metrics().render(),
+    )
+}
+
+#[derive(Deserialize)]
+struct ExportQuery {
+    format: Option<String>,
+}
+
+async fn export(
+    State(app): State<App>,
+    Tenant(tenant): Tenant,
+    Query(query): Query<ExportQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let format: Format = query
+        .format
+        .as_deref()
+        .unwrap_or("openai")
+        .parse()
+        .map_err(|e: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e))?;
+    Ok(Json(json!({"tools": app.host.export(&tenant, format)})))
+}

@@ -1,0 +1,706 @@
+//! What survives a restart: the [`Store`] trait, and [`SledStore`], its sled implementation.
+//!
+//! | tree        | key                            | value                                     |
+//! |-------------|--------------------------------|-------------------------------------------|
+//! | `tools`     | `tenant \0 name`               | [`ToolEntry`] JSON: every kept version (spec, source kind, component sha256, installed-at) |
+//! | `blobs`     | component sha256 (hex)         | the uploaded component bytes              |
+//! | `artifacts` | `sha256 : engine fingerprint`  | sha256 of the artifact, then the artifact |
+//! | `cache`     | sha256 of (tenant, tool, version, key) | expiry (u64 BE ms), then result JSON |
+//! | `kv`        | `tenant \0 tool \0 key`        | the value bytes                           |
+//! | `config`    | `tenant \0 key`                | [`ConfigValue`] JSON                      |
+//! | `policies`  | `tenant`                       | [`TenantPolicy`] JSON                     |
+//!
+//! Blobs and artifacts are content-addressed and written before the entries that point at
+//! them, so a crash between the two leaves at worst an unreferenced blob, never an entry that
+//! points at nothing. Every write that must survive a crash is flushed before it returns.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use toolhost_spec::call::Caller;
+use toolhost_spec::policy::TenantPolicy;
+use toolhost_spec::spec::ToolSpec;
+
+/// A tool's history: the versions kept, and which one answers calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolEntry {
+    pub tenant: String,
+    pub name: String,
+    /// The version calls run, one of `versions`.
+    pub current: u32,
+    /// Oldest first; at most [`MAX_VERSIONS_KEPT`].
+    pub versions: Vec<ToolVersion>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolVersion {
+    pub version: u32,
+    /// What implements it.
+    #[serde(default)]
+    pub kind: SourceKind,
+    pub spec: ToolSpec,
+    /// sha256 (hex) of the blob that implements it: the component, the HTTP request
+    /// definition (JSON), or the JS source and the runtime it runs on (JSON).
+    pub component: String,
+    pub installed_at_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// A WebAssembly component.
+    #[default]
+    Wasm,
+    /// A declarative HTTP request (`toolhost::http_tool::HttpRequestDef` JSON).
+    Http,
+    /// JavaScript source run on the host's JS runtime (`toolhost::JsSource` JSON).
+    Js,
+}
+
+/// Older versions past this many are forgotten (their blobs stay, shared by content).
+pub const MAX_VERSIONS_KEPT: usize = 20;
+
+impl ToolEntry {
+    pub fn current(&self) -> &ToolVersion {
+        self.version(self.current)
+            .expect("an entry's current version is one of its versions")
+    }
+
+    pub fn version(&self, version: u32) -> Option<&ToolVersion> {
+        self.versions.iter().find(|v| v.version == version)
+    }
+
+    /// Adds `spec` as the next version and makes it current.
+    pub fn push(
+        &mut self,
+        kind: SourceKind,
+        spec: ToolSpec,
+        component: String,
+        installed_at_ms: u64,
+    ) {
+        let version = self.versions.last().map_or(1, |v| v.version + 1);
+        self.versions.push(ToolVersion {
+            version,
+            kind,
+            spec,
+            component,
+            installed_at_ms,
+        });
+        let excess = self.versions.len().saturating_sub(MAX_VERSIONS_KEPT);
+        self.versions.drain(..excess);
+        self.current = version;
+    }
+}
+
+/// An API key, stored by the sha256 of the key: the key itself is never stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// Public id, to list and revoke the key by.
+    pub id: String,
+    pub tenant: String,
+    pub created_at_ms: u64,
+}
+
+/// A tenant's configuration value, readable by the tools that declare its key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigValue {
+    pub value: String,
+    /// Never shown in listings, logs or errors.
+    pub secret: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the data directory {path} is in use by another toolhost process")]
+    Locked { path: String },
+    #[error("cannot open the data directory {path}: {reason}")]
+    Open { path: String, reason: String },
+    #[error("storage error: {0}")]
+    Backend(String),
+    #[error("stored record `{key}` is unreadable: {reason}")]
+    Corrupt { key: String, reason: String },
+}
+
+impl From<sled::Error> for StoreError {
+    fn from(error: sled::Error) -> Self {
+        StoreError::Backend(error.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Everything the host persists. Keys are tenant-scoped by construction: every method that
+/// reads or writes tenant data takes the tenant.
+pub trait Store: Send + Sync {
+    fn tool_entries(&self) -> Result<Vec<ToolEntry>>;
+    fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>>;
+    /// Writes all entries at once: after a crash, either all of them are there or none.
+    fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()>;
+    fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool>;
+
+    fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>>;
+    /// Stores `bytes` under `sha`, their sha256 (hex).
+    fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()>;
+    /// Stores a component and its compiled artifact before any entry points at them.
+    fn put_component(
+        &self,
+        sha: &str,
+        bytes: &[u8],
+        fingerprint: &str,
+        artifact: &[u8],
+    ) -> Result<()>;
+    /// The artifact, only if its checksum still matches; a damaged one is dropped so that the
+    /// caller recompiles from the blob.
+    fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>>;
+    fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()>;
+
+    fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>>;
+    fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()>;
+    /// Drops expired results; returns how many.
+    fn cache_purge(&self, now_ms: u64) -> Result<usize>;
+
+    fn kv_get(&self, tenant: &str, tool: &str, key: &str) -> Result<Option<Vec<u8>>>;
+    fn kv_set(&self, tenant: &str, tool: &str, key: &str, value: &[u8]) -> Result<()>;
+    fn kv_delete(&self, tenant: &str, tool: &str, key: &str) -> Result<bool>;
+    fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize>;
+
+    fn config_get(&self, tenant: &str, key: &str) -> Result<Option<ConfigValue>>;
+    fn config_set(&self, tenant: &str, key: &str, value: &ConfigValue) -> Result<()>;
+    fn config_delete(&self, tenant: &str, key: &str) -> Result<bool>;
+    fn config_keys(&self, tenant: &str) -> Result<Vec<String>>;
+
+    fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>>;
+    fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()>;
+
+    /// Records a tenant; false if it existed.
+    fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool>;
+    fn tenants(&self) -> Result<Vec<String>>;
+    fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()>;
+    fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>>;
+    fn keys(&self) -> Result<Vec<KeyRecord>>;
+    /// Revokes the key with this public id; false if there was none.
+    fn key_revoke(&self, id: &str) -> Result<bool>;
+
+    /// Calls waiting for approval, by call id.
+    fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()>;
+    fn held_call_remove(&self, call_id: &str) -> Result<bool>;
+    fn held_calls(&self) -> Result<Vec<(String, HeldCall)>>;
+
+    /// A search model's vector of a tool's text (its bytes, as the search crate encodes
+    /// them), by model fingerprint and text digest.
+    fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>>;
+    /// Not flushed: a vector lost in a crash is encoded again.
+    fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()>;
+}
+
+/// Wall-clock milliseconds since the Unix epoch: how stored expiries and ages are kept.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A call waiting for approval, as stored: everything needed to run it once approved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldCall {
+    pub caller: Caller,
+    pub tool: String,
+    pub args: Value,
+    /// Wall-clock milliseconds since the Unix epoch, so that the age survives a restart.
+    pub held_at_ms: u64,
+}
+
+impl HeldCall {
+    pub fn waiting_ms(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.held_at_ms)
+    }
+}
+
+fn key(parts: &[&str]) -> Vec<u8> {
+    parts.join("\0").into_bytes()
+}
+
+pub struct SledStore {
+    /// Held for the life of the store: one process per data directory.
+    _lock: Option<std::fs::File>,
+    db: sled::Db,
+    tools: sled::Tree,
+    blobs: sled::Tree,
+    artifacts: sled::Tree,
+    cache: sled::Tree,
+    kv: sled::Tree,
+    config: sled::Tree,
+    tenants: sled::Tree,
+    keys: sled::Tree,
+    policies: sled::Tree,
+    held_calls: sled::Tree,
+    search_vectors: sled::Tree,
+}
+
+impl SledStore {
+    /// Opens `dir` with sled's page cache capped at `cache_bytes` (sled's own default is 1 GiB,
+    /// which reading many artifacts would fill).
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
+        let fail = |e: &dyn std::fmt::Display| StoreError::Open {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        };
+        std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
+        let lock = std::fs::File::create(dir.join("toolhost.lock")).map_err(|e| fail(&e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Locked {
+                    path: dir.display().to_string(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(fail(&e)),
+        }
+        let config = sled::Config::new()
+            .path(dir.join("db"))
+            .cache_capacity(cache_bytes);
+        // Our lock says no other process has the directory, so sled's own lock can only be
+        // held by a store of this process that was just dropped: its flusher thread lets go
+        // of the files a moment later.
+        let mut attempts = 0;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                Err(e) if attempts < 100 && e.to_string().contains("could not acquire lock") => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(fail(&e)),
+            }
+        };
+        Self::from_db(db, Some(lock))
+    }
+
+    /// A store that lives only as long as this value.
+    pub fn temporary() -> Result<Self> {
+        Self::from_db(sled::Config::new().temporary(true).open()?, None)
+    }
+
+    fn from_db(db: sled::Db, lock: Option<std::fs::File>) -> Result<Self> {
+        Ok(SledStore {
+            _lock: lock,
+            tools: db.open_tree("tools")?,
+            blobs: db.open_tree("blobs")?,
+            artifacts: db.open_tree("artifacts")?,
+            cache: db.open_tree("cache")?,
+            kv: db.open_tree("kv")?,
+            config: db.open_tree("config")?,
+            tenants: db.open_tree("tenants")?,
+            keys: db.open_tree("keys")?,
+            policies: db.open_tree("policies")?,
+            held_calls: db.open_tree("held_calls")?,
+            search_vectors: db.open_tree("search_vectors")?,
+            db,
+        })
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+/// Every entry that parses. An unreadable one (damaged, or from an incompatible version) is
+/// logged and left in place, untouched: one bad record must not stop every tenant's tools.
+fn readable_entries(
+    items: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
+) -> Result<Vec<ToolEntry>> {
+    let mut entries = Vec::new();
+    for item in items {
+        let (key, value) = item?;
+        match serde_json::from_slice(&value) {
+            Ok(entry) => entries.push(entry),
+            Err(e) => tracing::error!(error = %corrupt(&key, e), "tool record skipped"),
+        }
+    }
+    Ok(entries)
+}
+
+/// The JSON record at `key`, if any; one that does not parse is a corruption error naming it.
+fn get_json<T: serde::de::DeserializeOwned>(tree: &sled::Tree, key: &[u8]) -> Result<Option<T>> {
+    match tree.get(key)? {
+        Some(v) => serde_json::from_slice(&v)
+            .map(Some)
+            .map_err(|e| corrupt(key, e)),
+        None => Ok(None),
+    }
+}
+
+fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        key: String::from_utf8_lossy(key).replace('\0', "/"),
+        reason: error.to_string(),
+    }
+}
+
+impl Store for SledStore {
+    fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
+        readable_entries(self.tools.iter())
+    }
+
+    fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
+        let prefix = [tenant.as_bytes(), b"\0"].concat();
+        readable_entries(self.tools.scan_prefix(prefix))
+    }
+
+    fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            let value = serde_json::to_vec(entry).expect("an entry serializes");
+            batch.insert(key(&[&entry.tenant, &entry.name]), value);
+        }
+        self.tools.apply_batch(batch)?;
+        self.flush()
+    }
+
+    fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool> {
+        let removed = self.tools.remove(key(&[tenant, name]))?.is_some();
+        self.flush()?;
+        Ok(removed)
+    }
+
+    fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.blobs.get(sha)?.map(|v| v.to_vec()))
+    }
+
+    fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
+        self.blobs.insert(sha, bytes)?;
+        self.flush()
+    }
+
+    fn put_component(
+        &self,
+        sha: &str,
+        bytes: &[u8],
+        fingerprint: &str,
+        artifact: &[u8],
+    ) -> Result<()> {
+        self.blobs.insert(sha, bytes)?;
+        self.put_artifact(sha, fingerprint, artifact)
+    }
+
+    fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>> {
+        let key = format!("{sha}:{fingerprint}");
+        let Some(stored) = self.artifacts.get(&key)? else {
+            return Ok(None);
+        };
+        if stored.len() >= 32 && Sha256::digest(&stored[32..])[..] == stored[..32] {
+            return Ok(Some(stored[32..].to_vec()));
+        }
+        tracing::warn!(
+            component = sha,
+            "compiled artifact failed its checksum; recompiling"
+        );
+        self.artifacts.remove(&key)?;
+        Ok(None)
+    }
+
+    fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()> {
+        let stored = [&Sha256::digest(artifact)[..], artifact].concat();
+        self.artifacts
+            .insert(format!("{sha}:{fingerprint}"), stored)?;
+        self.flush()
+    }
+
+    fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>> {
+        let Some(stored) = self.cache.get(key)? else {
+            return Ok(None);
+        };
+        let (expiry, json) = stored.split_at(8.min(stored.len()));
+        let expires_at_ms = u64::from_be_bytes(expiry.try_into().unwrap_or([0; 8]));
+        if expires_at_ms <= now_ms {
+            self.cache.remove(key)?;
+            return Ok(None);
+        }
+        // A damaged entry is a miss, not an error: the tool can always run again.
+        Ok(serde_json::from_slice(json).ok())
+    }
+
+    fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()> {
+        let json = serde_json::to_vec(value).expect("a Value serializes");
+        self.cache
+            .insert(key, [&expires_at_ms.to_be_bytes()[..], &json].concat())?;
+        Ok(())
+    }
+
+    fn cache_purge(&self, now_ms: u64) -> Result<usize> {
+        let mut purged = 0;
+        for entry in self.cache.iter() {
+            let (key, stored) = entry?;
+            let expiry = stored.get(..8).and_then(|b| b.try_into().ok());
+            if expiry.map_or(0, u64::from_be_bytes) <= now_ms {
+                self.cache.remove(key)?;
+                purged += 1;
+            }
+        }
+        Ok(purged)
+    }
+
+    fn kv_get(&self, tenant: &str, tool: &str, k: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.kv.get(key(&[tenant, tool, k]))?.map(|v| v.to_vec()))
+    }
+
+    fn kv_set(&self, tenant: &str, tool: &str, k: &str, value: &[u8]) -> Result<()> {
+        self.kv.insert(key(&[tenant, tool, k]), value)?;
+        self.flush()
+    }
+
+    fn kv_delete(&self, tenant: &str, tool: &str, k: &str) -> Result<bool> {
+        let removed = self.kv.remove(key(&[tenant, tool, k]))?.is_some();
+        self.flush()?;
+        Ok(removed)
+    }
+
+    fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize> {
+        let prefix = [key(&[tenant, tool]), b"\0".to_vec()].concat();
+        Ok(self.kv.scan_prefix(prefix).count())
+    }
+
+    fn config_get(&self, tenant: &str, k: &str) -> Result<Option<ConfigValue>> {
+        get_json(&self.config, &key(&[tenant, k]))
+    }
+
+    fn config_set(&self, tenant: &str, k: &str, value: &ConfigValue) -> Result<()> {
+        let json = serde_json::to_vec(value).expect("a config value serializes");
+        self.config.insert(key(&[tenant, k]), json)?;
+        self.flush()
+    }
+
+    fn config_delete(&self, tenant: &str, k: &str) -> Result<bool> {
+        let removed = self.config.remove(key(&[tenant, k]))?.is_some();
+        self.flush()?;
+        Ok(removed)
+    }
+
+    fn config_keys(&self, tenant: &str) -> Result<Vec<String>> {
+        let prefix = [tenant.as_bytes(), b"\0"].concat();
+        self.config
+            .scan_prefix(&prefix)
+            .map(|entry| {
+                let (key, _) = entry?;
+                Ok(String::from_utf8_lossy(&key[prefix.len()..]).into_owned())
+            })
+            .collect()
+    }
+
+    fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>> {
+        get_json(&self.policies, tenant.as_bytes())
+    }
+
+    fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()> {
+        let json = serde_json::to_vec(policy).expect("a policy serializes");
+        self.policies.insert(tenant, json)?;
+        self.flush()
+    }
+
+    fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()> {
+        let json = serde_json::to_vec(held).expect("a held call serializes");
+        self.held_calls.insert(call_id, json)?;
+        self.flush()
+    }
+
+    fn held_call_remove(&self, call_id: &str) -> Result<bool> {
+        let removed = self.held_calls.remove(call_id)?.is_some();
+        self.flush()?;
+        Ok(removed)
+    }
+
+    /// Every record that parses; an unreadable one is logged and left in place.
+    fn held_calls(&self) -> Result<Vec<(String, HeldCall)>> {
+        let mut calls = Vec::new();
+        for item in self.held_calls.iter() {
+            let (key, value) = item?;
+            match serde_json::from_slice(&value) {
+                Ok(held) => calls.push((String::from_utf8_lossy(&key).into_owned(), held)),
+                Err(e) => tracing::error!(error = %corrupt(&key, e), "held call skipped"),
+            }
+        }
+        Ok(calls)
+    }
+
+    fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.search_vectors.get(key)?.map(|bytes| bytes.to_vec()))
+    }
+
+    fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
+        self.search_vectors.insert(key, vector)?;
+        Ok(())
+    }
+
+    fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
+        let created = self
+            .tenants
+            .compare_and_swap(
+                tenant,
+                None as Option<&[u8]>,
+                Some(&created_at_ms.to_be_bytes()[..]),
+            )?
+            .is_ok();
+        self.flush()?;
+        Ok(created)
+    }
+
+    fn tenants(&self) -> Result<Vec<String>> {
+        self.tenants
+            .iter()
+            .keys()
+            .map(|k| Ok(String::from_utf8_lossy(&k?).into_owned()))
+            .collect()
+    }
+
+    fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()> {
+        let json = serde_json::to_vec(record).expect("a key record serializes");
+        self.keys.insert(key_hash, json)?;
+        self.flush()
+    }
+
+    fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>> {
+        get_json(&self.keys, key_hash.as_bytes())
+    }
+
+    fn keys(&self) -> Result<Vec<KeyRecord>> {
+        self.keys
+            .iter()
+            .map(|item| {
+                let (key, value) = item?;
+                serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))
+            })
+            .collect()
+    }
+
+    fn key_revoke(&self, id: &str) -> Result<bool> {
+        let mut revoked = false;
+        for item in self.keys.iter() {
+            let (hash, value) = item?;
+            let record: KeyRecord =
+                serde_json::from_slice(&value).map_err(|e| corrupt(&hash, e))?;
+            if record.id == id {
+                self.keys.remove(hash)?;
+                revoked = true;
+            }
+        }
+        self.flush()?;
+        Ok(revoked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_damaged_artifact_is_refused_and_dropped() {
+        let store = SledStore::temporary().unwrap();
+        store
+            .put_component("abc", b"blob", "fp", b"machine code")
+            .unwrap();
+        assert_eq!(
+            store.artifact("abc", "fp").unwrap().as_deref(),
+            Some(&b"machine code"[..])
+        );
+        assert_eq!(store.artifact("abc", "other-engine").unwrap(), None);
+        let mut stored = store.artifacts.get("abc:fp").unwrap().unwrap().to_vec();
+        *stored.last_mut().unwrap() ^= 1;
+        store.artifacts.insert("abc:fp", stored).unwrap();
+        assert_eq!(store.artifact("abc", "fp").unwrap(), None);
+        assert!(store.artifacts.get("abc:fp").unwrap().is_none());
+        assert_eq!(store.blob("abc").unwrap().as_deref(), Some(&b"blob"[..]));
+    }
+
+    #[test]
+    fn a_second_process_gets_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = SledStore::open(dir.path(), 1 << 20).unwrap();
+        let second = SledStore::open(dir.path(), 1 << 20).err().expect("locked");
+        assert!(matches!(second, StoreError::Locked { .. }), "{second}");
+    }
+
+    #[test]
+    fn cached_results_expire() {
+        let store = SledStore::temporary().unwrap();
+        store.cache_put(b"k", 1_000, &json!({"a": 1})).unwrap();
+        store.cache_put(b"old", 10, &json!(1)).unwrap();
+        assert_eq!(store.cache_get(b"k", 999).unwrap(), Some(json!({"a": 1})));
+        assert_eq!(store.cache_purge(500).unwrap(), 1);
+        assert_eq!(store.cache_get(b"k", 1_000).unwrap(), None);
+        assert_eq!(store.cache.len(), 0, "an expired read drops the entry");
+    }
+
+    #[test]
+    fn kv_and_config_are_scoped_by_tenant() {
+        let store = SledStore::temporary().unwrap();
+        store.kv_set("a", "tool", "k", b"1").unwrap();
+        store.kv_set("a", "tool", "k2", b"2").unwrap();
+        store.kv_set("ab", "tool", "k", b"3").unwrap();
+        assert_eq!(store.kv_get("b", "tool", "k").unwrap(), None);
+        assert_eq!(store.kv_count("a", "tool").unwrap(), 2);
+        assert_eq!(
+            store.kv_count("a", "too").unwrap(),
+            0,
+            "prefixes do not bleed"
+        );
+        let secret = ConfigValue {
+            value: "s3cret".into(),
+            secret: true,
+        };
+        store.config_set("a", "TOKEN", &secret).unwrap();
+        assert_eq!(store.config_get("a", "TOKEN").unwrap(), Some(secret));
+        assert_eq!(store.config_get("b", "TOKEN").unwrap(), None);
+        assert_eq!(store.config_keys("a").unwrap(), ["TOKEN"]);
+        assert!(store.config_keys("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_unreadable_tool_record_is_skipped_not_fatal() {
+        let store = SledStore::temporary().unwrap();
+        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
+        let mut entry = ToolEntry {
+            tenant: "a".into(),
+            name: "t".into(),
+            current: 0,
+            versions: vec![],
+        };
+        entry.push(SourceKind::Wasm, spec, "sha".into(), 1);
+        store.put_tool_entries(&[entry.clone()]).unwrap();
+        store
+            .tools
+            .insert(key(&["a", "broken"]), &b"{not an entry"[..])
+            .unwrap();
+        assert_eq!(store.tool_entries().unwrap(), vec![entry.clone()]);
+        assert_eq!(store.tool_entries_of("a").unwrap(), vec![entry]);
+        assert!(
+            store.tools.get(key(&["a", "broken"])).unwrap().is_some(),
+            "left in place"
+        );
+    }
+
+    #[test]
+    fn versions_are_numbered_and_bounded() {
+        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
+        let mut entry = ToolEntry {
+            tenant: "a".into(),
+            name: "t".into(),
+            current: 0,
+            versions: vec![],
+        };
+        for i in 0..MAX_VERSIONS_KEPT + 5 {
+            entry.push(SourceKind::Wasm, spec.clone(), format!("sha{i}"), i as u64);
+        }
+        assert_eq!(entry.versions.len(), MAX_VERSIONS_KEPT);
+        assert_eq!(entry.current, (MAX_VERSIONS_KEPT + 5) as u32);
+        assert_eq!(
+            entry.current().component,
+            format!("sha{}", MAX_VERSIONS_KEPT + 4)
+        );
+        assert_eq!(entry.versions[0].version, 6);
+    }
+}

@@ -1,0 +1,545 @@
+//! End to end: plugins built from source, installed and called through the library and the CLI.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::plugins::{plugin, plugins_dir};
+use serde_json::{Value, json};
+use toolhost::sandbox::LoadError;
+use toolhost::{
+    CallError, CallOutcome, Caller, Host, HostConfig, InstallError, Limits, SandboxConfig,
+    ToolError, ToolSpec,
+};
+
+async fn host_with(plugins: &[&str]) -> Host {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    for name in plugins {
+        host.install("acme", plugin(name)).await.unwrap();
+    }
+    host
+}
+
+async fn call(host: &Host, tool: &str, args: Value) -> CallOutcome {
+    host.call(&Caller::tenant("acme"), tool, args).await
+}
+
+fn error(outcome: &CallOutcome) -> &CallError {
+    outcome
+        .result
+        .as_ref()
+        .err()
+        .unwrap_or_else(|| panic!("expected an error, got {:?}", outcome.result))
+}
+
+// ---- the happy path ----
+
+#[tokio::test]
+async fn a_pack_installs_lists_calls_and_removes() {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    let specs = host.install("acme", plugin("text_stats")).await.unwrap();
+    let names: Vec<_> = specs.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["text_stats", "word_frequency"]);
+
+    let listed: Vec<_> = host.list("acme").into_iter().map(|t| t.spec.name).collect();
+    assert_eq!(listed, ["text_stats", "word_frequency"]);
+    let spec = host.describe("acme", "text_stats").unwrap().spec;
+    assert_eq!(spec.group.as_deref(), Some("text"));
+    assert_eq!(spec.parameters["properties"]["text"]["type"], "string");
+
+    let out = call(
+        &host,
+        "text_stats",
+        json!({"text": "One two. Three!\nFour"}),
+    )
+    .await;
+    let stats = out.result.unwrap();
+    assert_eq!(
+        (
+            stats["words"].as_u64(),
+            stats["lines"].as_u64(),
+            stats["sentences"].as_u64()
+        ),
+        (Some(4), Some(2), Some(3))
+    );
+    assert!(out.fuel_used.unwrap() > 0);
+
+    let out = call(
+        &host,
+        "word_frequency",
+        json!({"text": "a b a c a b", "top": 2}),
+    )
+    .await;
+    assert_eq!(
+        out.result.unwrap(),
+        json!([{"word": "a", "count": 3}, {"word": "b", "count": 2}])
+    );
+
+    assert!(host.remove("acme", "text_stats").unwrap());
+    let gone = call(&host, "text_stats", json!({"text": "x"})).await;
+    assert_eq!(error(&gone).code(), "not_found");
+    assert!(!host.remove("acme", "text_stats").unwrap());
+    // the other tool of the pack is unaffected
+    assert!(
+        call(&host, "word_frequency", json!({"text": "x"}))
+            .await
+            .result
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn the_example_tools_answer() {
+    let host = host_with(&["json_query", "unit_convert"]).await;
+    let doc = json!({"users": [{"email": "a@x"}, {"email": "b@x"}]});
+    let out = call(
+        &host,
+        "json_query",
+        json!({"document": doc, "path": "$.users[*].email"}),
+    )
+    .await;
+    assert_eq!(
+        out.result.unwrap(),
+        json!({"count": 2, "matches": ["a@x", "b@x"]})
+    );
+
+    let out = call(
+        &host,
+        "convert_units",
+        json!({"value": 212, "from": "degF", "to": "degC"}),
+    )
+    .await;
+    assert_eq!(out.result.unwrap()["value"], json!(100.0));
+    let out = call(
+        &host,
+        "convert_units",
+        json!({"value": 1, "from": "mi", "to": "km"}),
+    )
+    .await;
+    assert_eq!(out.result.unwrap()["value"], json!(1.609344));
+}
+
+#[tokio::test]
+async fn installed_tools_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = HostConfig {
+        data_dir: Some(dir.path().to_owned()),
+        ..crate::plugins::config()
+    };
+    {
+        let host = Host::open(config.clone()).unwrap();
+        host.install("acme", plugin("unit_convert")).await.unwrap();
+    }
+    let host = Host::open(config).unwrap();
+    assert_eq!(host.list("acme").len(), 1);
+    let out = call(
+        &host,
+        "convert_units",
+        json!({"value": 2, "from": "kg", "to": "g"}),
+    )
+    .await;
+    assert_eq!(out.result.unwrap()["value"], json!(2000.0));
+}
+
+// ---- arguments and the tool's own errors ----
+
+#[tokio::test]
+async fn arguments_are_validated_before_anything_runs() {
+    let host = host_with(&["text_stats"]).await;
+    let out = call(
+        &host,
+        "word_frequency",
+        json!({"text": 5, "top": 0, "extra": true}),
+    )
+    .await;
+    let CallError::InvalidArgs { errors } = error(&out) else {
+        panic!("{out:?}")
+    };
+    let mut paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+    paths.sort();
+    assert_eq!(paths, ["", "/text", "/top"], "{errors:?}");
+    assert!(out.fuel_used.is_none(), "nothing ran");
+}
+
+#[tokio::test]
+async fn a_tools_own_error_is_reported_as_such() {
+    let host = host_with(&["unit_convert", "json_query"]).await;
+    let out = call(
+        &host,
+        "convert_units",
+        json!({"value": 1, "from": "kg", "to": "m"}),
+    )
+    .await;
+    assert_eq!(
+        error(&out),
+        &CallError::Tool(ToolError::InvalidArgs(
+            "cannot convert mass (`kg`) to length (`m`)".into()
+        ))
+    );
+    let out = call(
+        &host,
+        "json_query",
+        json!({"document": {}, "path": "no-dollar"}),
+    )
+    .await;
+    assert_eq!(error(&out).code(), "tool_error");
+}
+
+// ---- hostile plugins: each limit ends in its own outcome ----
+
+#[tokio::test]
+async fn an_endless_loop_times_out() {
+    let host = host_with(&["hostile"]).await;
+    let started = Instant::now();
+    let out = call(&host, "spin", json!({})).await;
+    assert_eq!(error(&out), &CallError::Timeout { limit_ms: 300 });
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_guest_blocked_in_a_host_call_times_out() {
+    let host = host_with(&["hostile"]).await;
+    let out = call(&host, "sleep", json!({})).await;
+    assert_eq!(error(&out), &CallError::Timeout { limit_ms: 300 });
+}
+
+#[tokio::test]
+async fn a_loop_on_little_fuel_runs_out_of_fuel() {
+    let host = host_with(&["hostile"]).await;
+    let out = call(&host, "burn", json!({})).await;
+    assert_eq!(error(&out), &CallError::OutOfFuel { limit: 1_000_000 });
+    assert_eq!(out.fuel_used, Some(1_000_000));
+}
+
+#[tokio::test]
+async fn a_memory_bomb_hits_the_memory_limit() {
+    let host = host_with(&["hostile"]).await;
+    let out = call(&host, "memory_bomb", json!({})).await;
+    assert_eq!(
+        error(&out),
+        &CallError::MemoryLimit {
+            limit_bytes: 32 << 20
+        }
+    );
+}
+
+#[tokio::test]
+async fn unbounded_recursion_traps() {
+    let host = host_with(&["hostile"]).await;
+    let out = call(&host, "recurse", json!({})).await;
+    let CallError::Trap { message } = error(&out) else {
+        panic!("{out:?}")
+    };
+    assert!(
+        message.contains("stack") || message.contains("out of bounds"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_panic_traps_with_the_guests_message() {
+    let host = host_with(&["hostile"]).await;
+    let out = call(&host, "panic", json!({})).await;
+    let CallError::Trap { message } = error(&out) else {
+        panic!("{out:?}")
+    };
+    assert!(
+        message.contains("the hostile plugin panicked on purpose"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn huge_output_is_clipped_to_valid_json() {
+    let host = host_with(&["hostile"]).await;
+    let out = call(&host, "huge_output", json!({})).await;
+    let clipped = out.clipped.expect("clipped");
+    assert!(clipped.original_chars > 1_000_000, "{clipped:?}");
+    let value = out.result.unwrap();
+    let text = serde_json::to_string(&value).unwrap();
+    assert!(text.chars().count() <= Limits::default().max_result_chars as usize);
+    assert_eq!(text.chars().count(), clipped.returned_chars);
+    assert_eq!(
+        value["note"], "everything above is filler",
+        "small fields survive"
+    );
+    let rows = value["rows"].as_array().unwrap();
+    assert!(
+        rows.last().unwrap().as_str().unwrap().ends_with(" items]"),
+        "{rows:?}"
+    );
+}
+
+#[tokio::test]
+async fn output_that_is_not_json_is_invalid_output() {
+    let host = host_with(&["hostile"]).await;
+    let out = call(&host, "not_json", json!({})).await;
+    let CallError::InvalidOutput { reason } = error(&out) else {
+        panic!("{out:?}")
+    };
+    assert!(reason.contains("this is not JSON"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_guest_sees_no_files_env_args_or_network() {
+    let host = host_with(&["hostile"]).await;
+    let files = call(&host, "open_file", json!({})).await.result.unwrap();
+    for (attempt, outcome) in files.as_object().unwrap() {
+        assert_eq!(outcome["ok"], false, "{attempt}: {outcome}");
+    }
+    assert!(!Path::new("/tmp/toolhost-escape").exists());
+
+    let env = call(&host, "read_env", json!({})).await.result.unwrap();
+    assert_eq!(env["vars"], json!([]));
+    assert_eq!(env["args"], json!([]));
+    assert_eq!(env["home"], Value::Null);
+
+    let net = call(&host, "connect", json!({})).await.result.unwrap();
+    assert_eq!(net["ok"], false, "{net}");
+}
+
+#[tokio::test]
+async fn guest_output_is_captured_with_a_cap() {
+    let host = host_with(&["hostile"]).await;
+    let out = call(&host, "stdout_flood", json!({})).await;
+    assert_eq!(out.result, Ok(json!("done")));
+    let cap = toolhost::helpers::MAX_LOG_BYTES;
+    assert_eq!((out.log.stdout.len(), out.log.stderr.len()), (cap, cap));
+    assert_eq!(out.log.dropped_bytes, 2 * (4096 * 1024 - cap as u64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn good_calls_and_timers_run_while_hostile_guests_spin() {
+    let host = std::sync::Arc::new(host_with(&["hostile", "text_stats"]).await);
+    // More endless guests than worker threads: only epoch yields let anything else run.
+    let hostile: Vec<_> = ["spin", "spin", "spin", "spin", "sleep", "memory_bomb"]
+        .into_iter()
+        .map(|tool| {
+            let host = host.clone();
+            tokio::spawn(async move {
+                let out = call(&host, tool, json!({})).await;
+                (tool, out, Instant::now())
+            })
+        })
+        .collect();
+    // Timers and sockets are polled by the same workers the guests run on.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let timer_fired = Instant::now();
+    let mut first_good_answer = None;
+    for i in 0..20 {
+        let out = call(&host, "text_stats", json!({"text": format!("call {i}")})).await;
+        assert_eq!(out.result.unwrap()["words"], 2);
+        first_good_answer.get_or_insert_with(Instant::now);
+    }
+    for task in hostile {
+        let (tool, out, ended) = task.await.unwrap();
+        let expected = if tool == "memory_bomb" {
+            "memory_limit"
+        } else {
+            "timeout"
+        };
+        assert_eq!(out.code(), expected, "{tool}");
+        if tool == "spin" {
+            assert!(
+                timer_fired < ended,
+                "a 20 ms timer waited for spinning guests"
+            );
+            assert!(
+                first_good_answer.unwrap() < ended,
+                "a good call waited for spinning guests"
+            );
+        }
+    }
+}
+
+// ---- bad components ----
+
+#[tokio::test]
+async fn bad_components_get_clear_errors() {
+    let host = Host::open(HostConfig {
+        sandbox: SandboxConfig {
+            max_component_bytes: 1 << 20,
+            ..SandboxConfig::default()
+        },
+        ..crate::plugins::config()
+    })
+    .unwrap();
+    let install = |bytes: Vec<u8>| host.install("acme", bytes);
+    assert!(matches!(
+        install(b"garbage".to_vec()).await,
+        Err(InstallError::Load(LoadError::NotWasm))
+    ));
+    let core_module = b"\0asm\x01\0\0\0".to_vec();
+    assert!(matches!(
+        install(core_module).await,
+        Err(InstallError::Load(LoadError::CoreModule))
+    ));
+    let mut truncated = plugin("text_stats");
+    truncated.truncate(truncated.len() / 2);
+    assert!(matches!(
+        install(truncated).await,
+        Err(InstallError::Load(LoadError::Compile(_)))
+    ));
+    let oversized = vec![0; (1 << 20) + 1];
+    assert!(matches!(
+        install(oversized).await,
+        Err(InstallError::Load(LoadError::TooLarge { .. }))
+    ));
+    assert!(
+        install(plugin("text_stats")).await.is_ok(),
+        "the host still installs"
+    );
+    assert!(host.list("acme").iter().all(|t| t.spec.name != "garbage"));
+}
+
+#[tokio::test]
+async fn one_invalid_tool_refuses_the_whole_component() {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    let refused = host.install("acme", plugin("bad_spec")).await;
+    let Err(InstallError::Spec(error)) = refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(
+        (error.tool.as_str(), error.field.as_str()),
+        ("bad name!", "name")
+    );
+    assert!(
+        host.list("acme").is_empty(),
+        "not even the valid tool of the pack"
+    );
+}
+
+#[tokio::test]
+async fn tenants_do_not_see_each_others_tools() {
+    let host = host_with(&["unit_convert"]).await;
+    let other = Caller::tenant("globex");
+    assert!(host.list("globex").is_empty());
+    assert!(host.describe("globex", "convert_units").is_none());
+    let out = host
+        .call(
+            &other,
+            "convert_units",
+            json!({"value": 1, "from": "m", "to": "cm"}),
+        )
+        .await;
+    assert_eq!(
+        error(&out),
+        &CallError::NotFound {
+            name: "convert_units".into()
+        }
+    );
+    assert!(!host.remove("globex", "convert_units").unwrap());
+    assert_eq!(host.list("acme").len(), 1);
+}
+
+// ---- native tools ----
+
+#[tokio::test]
+async fn native_tools_run_under_the_same_pipeline() {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    let schema =
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+    let natives = host.natives();
+    natives
+        .register(
+            ToolSpec::new("double", "Doubles n.", schema.clone()),
+            |args, helpers, ctx| async move {
+                helpers.log(toolhost::Level::Info, &format!("tenant {}", ctx.tenant));
+                Ok(json!(args["n"].as_i64().unwrap() * 2))
+            },
+        )
+        .unwrap();
+    natives
+        .register(
+            ToolSpec::new("explode", "Panics.", schema.clone()),
+            |_, _, _| async move { panic!("native boom") },
+        )
+        .unwrap();
+    let mut slow = ToolSpec::new("slow", "Sleeps.", schema.clone());
+    slow.limits.timeout_ms = 50;
+    natives
+        .register(slow, |_, _, _| async move {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(Value::Null)
+        })
+        .unwrap();
+
+    let out = call(&host, "double", json!({"n": 21})).await;
+    assert_eq!(out.result, Ok(json!(42)));
+    assert_eq!(out.log.lines[0].message, "tenant acme");
+    assert_eq!(
+        error(&call(&host, "double", json!({"n": "x"})).await).code(),
+        "invalid_args"
+    );
+    let boom = call(&host, "explode", json!({"n": 1})).await;
+    assert!(matches!(error(&boom), CallError::Trap { message } if message.contains("native boom")));
+    assert_eq!(
+        error(&call(&host, "slow", json!({"n": 1})).await),
+        &CallError::Timeout { limit_ms: 50 }
+    );
+
+    // Natives are visible to every tenant, and a tenant's component cannot take their names.
+    assert!(host.list("anyone").iter().any(|t| t.spec.name == "double"));
+    natives
+        .register(
+            ToolSpec::new("text_stats", "Native.", schema),
+            |_, _, _| async { Ok(Value::Null) },
+        )
+        .unwrap();
+    let taken = host.install("acme", plugin("text_stats")).await;
+    assert!(matches!(taken, Err(InstallError::NativeName(name)) if name == "text_stats"));
+}
+
+// ---- the CLI, exactly as the README shows it ----
+
+#[test]
+fn the_cli_installs_calls_and_removes() {
+    let data = tempfile::tempdir().unwrap();
+    let toolhost = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+            .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(args)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let wasm = plugins_dir().join("text_stats.wasm");
+    let (code, stdout, _) = toolhost(&["install", wasm.to_str().unwrap()]);
+    assert_eq!(code, Some(0));
+    assert_eq!(stdout, "installed text_stats\ninstalled word_frequency\n");
+
+    let (code, stdout, _) = toolhost(&["call", "text_stats", r#"{"text": "hello agent world"}"#]);
+    assert_eq!(code, Some(0));
+    let result: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(result["words"], 3);
+
+    let (code, stdout, _) = toolhost(&["list"]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.starts_with("text_stats "), "{stdout}");
+
+    let (code, stdout, _) = toolhost(&["describe", "word_frequency"]);
+    assert_eq!(code, Some(0));
+    let info: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(info["source"]["kind"], "wasm");
+
+    let (code, _, stderr) = toolhost(&["call", "text_stats", r#"{"txt": 1}"#]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.starts_with("error[invalid_args]: "), "{stderr}");
+
+    let (code, _, stderr) = toolhost(&["call", "text_stats", "not json"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("args are not JSON"), "{stderr}");
+
+    let (code, stdout, _) = toolhost(&["remove", "text_stats"]);
+    assert_eq!((code, stdout.as_str()), (Some(0), "removed text_stats\n"));
+    let (code, _, stderr) = toolhost(&["call", "text_stats", "{}"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.starts_with("error[not_found]"), "{stderr}");
+}

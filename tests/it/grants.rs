@@ -1,0 +1,310 @@
+//! What a guest may reach beyond its sandbox: nothing without a grant; a granted directory of
+//! its tenant's files and nothing outside it; granted HTTP destinations and no others.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+use toolhost::egress::EgressConfig;
+use toolhost::{CallOutcome, Caller, Host, HostConfig, TenantPolicy};
+
+struct Fixture {
+    host: Host,
+    _dir: tempfile::TempDir,
+}
+
+async fn fixture(egress: EgressConfig) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let host = Host::open(HostConfig {
+        data_dir: Some(dir.path().join("data")),
+        egress,
+        ..crate::plugins::config()
+    })
+    .unwrap();
+    for tenant in ["acme", "globex"] {
+        host.install(tenant, crate::plugins::plugin("probe"))
+            .await
+            .unwrap();
+    }
+    Fixture { host, _dir: dir }
+}
+
+fn grant(host: &Host, tenant: &str, grants: Value) {
+    let policy: TenantPolicy = serde_json::from_value(json!({ "grants": grants })).unwrap();
+    host.set_policy(tenant, policy).unwrap();
+}
+
+async fn call(host: &Host, tenant: &str, tool: &str, args: Value) -> CallOutcome {
+    host.call(&Caller::tenant(tenant), tool, args).await
+}
+
+/// The probe's `{"ok": …}` or `{"error": …}` as a Result.
+async fn probe(host: &Host, tenant: &str, tool: &str, args: Value) -> Result<Value, String> {
+    let out = call(host, tenant, tool, args).await;
+    let value = out.result.unwrap_or_else(|e| panic!("{tool} failed: {e}"));
+    match value.get("error") {
+        Some(error) => Err(error.as_str().unwrap().to_owned()),
+        None => Ok(value.get("ok").cloned().unwrap_or(value)),
+    }
+}
+
+fn files(host: &Host, tenant: &str) -> PathBuf {
+    host.tenant_files(tenant).unwrap()
+}
+
+#[tokio::test]
+async fn without_a_grant_the_guest_sees_no_filesystem_and_no_network() {
+    let f = fixture(EgressConfig::default()).await;
+    for path in ["/", ".", "/etc/passwd", "/data"] {
+        assert!(
+            probe(&f.host, "acme", "fs_list", json!({ "path": path }))
+                .await
+                .is_err()
+        );
+        assert!(
+            probe(&f.host, "acme", "fs_read", json!({ "path": path }))
+                .await
+                .is_err()
+        );
+    }
+    let out = call(
+        &f.host,
+        "acme",
+        "http_get",
+        json!({"url": "http://127.0.0.1:9/"}),
+    )
+    .await;
+    let error = out.result.unwrap()["error"].as_str().unwrap().to_owned();
+    assert!(error.contains("denied by the host"), "{error}");
+    assert!(
+        out.log
+            .lines
+            .iter()
+            .any(|l| l.message.contains("not in this tool's network grant"))
+    );
+}
+
+#[tokio::test]
+async fn a_granted_directory_is_reachable_and_nothing_outside_it() {
+    let f = fixture(EgressConfig::default()).await;
+    grant(
+        &f.host,
+        "acme",
+        json!({
+            "fs_*": {"filesystem": [{"dir": "reports", "guest": "/data", "write": true}]},
+            "fs_read": {"filesystem": [{"dir": "shared", "guest": "/shared"}]}
+        }),
+    );
+    let written = probe(
+        &f.host,
+        "acme",
+        "fs_write",
+        json!({"path": "/data/a.txt", "text": "hello"}),
+    )
+    .await;
+    assert_eq!(written, Ok(json!(5)));
+    let root = files(&f.host, "acme");
+    assert_eq!(
+        std::fs::read_to_string(root.join("reports/a.txt")).unwrap(),
+        "hello"
+    );
+    assert_eq!(
+        probe(&f.host, "acme", "fs_read", json!({"path": "/data/a.txt"})).await,
+        Ok(json!("hello"))
+    );
+    assert_eq!(
+        probe(&f.host, "acme", "fs_list", json!({"path": "/data"})).await,
+        Ok(json!(["a.txt"]))
+    );
+
+    // Outside the grant: a secret next to the tenant root, and the host's own files.
+    std::fs::write(root.join("secret.txt"), "top secret").unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("x.txt"), "outside").unwrap();
+    std::os::unix::fs::symlink(outside.path().join("x.txt"), root.join("reports/link.txt"))
+        .unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("reports/linkdir")).unwrap();
+    std::os::unix::fs::symlink("../secret.txt", root.join("reports/up.txt")).unwrap();
+    for path in [
+        "/data/../secret.txt",
+        "/data/../../../../etc/passwd",
+        "/secret.txt",
+        "/etc/passwd",
+        "/data/link.txt",
+        "/data/linkdir/x.txt",
+        "/data/up.txt",
+    ] {
+        let read = probe(&f.host, "acme", "fs_read", json!({ "path": path })).await;
+        assert!(read.is_err(), "{path} was readable: {read:?}");
+    }
+    for path in ["/data/../escape.txt", "/data/linkdir/new.txt", "/tmp/x.txt"] {
+        let write = probe(
+            &f.host,
+            "acme",
+            "fs_write",
+            json!({"path": path, "text": "x"}),
+        )
+        .await;
+        assert!(write.is_err(), "{path} was writable");
+    }
+    assert!(!outside.path().join("new.txt").exists());
+    assert!(!root.join("escape.txt").exists());
+
+    // Read-only means read-only.
+    std::fs::create_dir_all(root.join("shared")).unwrap();
+    std::fs::write(root.join("shared/s.txt"), "shared").unwrap();
+    assert_eq!(
+        probe(&f.host, "acme", "fs_read", json!({"path": "/shared/s.txt"})).await,
+        Ok(json!("shared"))
+    );
+    grant(
+        &f.host,
+        "acme",
+        json!({"fs_write": {"filesystem": [{"dir": "shared", "guest": "/shared"}]}}),
+    );
+    let write = probe(
+        &f.host,
+        "acme",
+        "fs_write",
+        json!({"path": "/shared/s.txt", "text": "changed"}),
+    )
+    .await;
+    assert!(write.is_err());
+    assert_eq!(
+        std::fs::read_to_string(root.join("shared/s.txt")).unwrap(),
+        "shared"
+    );
+}
+
+#[tokio::test]
+async fn each_tenant_sees_its_own_files() {
+    let f = fixture(EgressConfig::default()).await;
+    let same = json!({"fs_*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}});
+    grant(&f.host, "acme", same.clone());
+    grant(&f.host, "globex", same);
+    probe(
+        &f.host,
+        "acme",
+        "fs_write",
+        json!({"path": "/d/acme.txt", "text": "a"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        probe(&f.host, "globex", "fs_list", json!({"path": "/d"})).await,
+        Ok(json!([]))
+    );
+    assert_ne!(files(&f.host, "acme"), files(&f.host, "globex"));
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_files_quota_gets_read_only_directories() {
+    let f = fixture(EgressConfig::default()).await;
+    let policy: TenantPolicy = serde_json::from_value(json!({
+        "files_quota_bytes": 10,
+        "grants": {"fs_*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}}
+    }))
+    .unwrap();
+    f.host.set_policy("acme", policy).unwrap();
+    let big = json!({"path": "/d/big.txt", "text": "x".repeat(20)});
+    assert_eq!(probe(&f.host, "acme", "fs_write", big).await, Ok(json!(20)));
+    let out = call(
+        &f.host,
+        "acme",
+        "fs_write",
+        json!({"path": "/d/more.txt", "text": "y"}),
+    )
+    .await;
+    assert!(out.result.unwrap().get("error").is_some());
+    assert!(
+        out.log
+            .lines
+            .iter()
+            .any(|l| l.message.contains("files_quota_bytes"))
+    );
+    assert!(!files(&f.host, "acme").join("d/more.txt").exists());
+    // Reading still works.
+    assert_eq!(
+        probe(&f.host, "acme", "fs_read", json!({"path": "/d/big.txt"})).await,
+        Ok(json!("x".repeat(20)))
+    );
+}
+
+async fn hello_server() -> SocketAddr {
+    let app = axum::Router::new().fallback(|| async { "hello from loopback" });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn outbound_http_reaches_granted_destinations_only() {
+    let addr = hello_server().await;
+    let port = addr.port();
+    let f = fixture(EgressConfig::default()).await;
+    let get = |url: String| {
+        let host = &f.host;
+        async move {
+            let out = call(host, "acme", "http_get", json!({ "url": url })).await;
+            out.result.unwrap()
+        }
+    };
+
+    // An IP literal in the grant is an explicit grant of that address.
+    grant(
+        &f.host,
+        "acme",
+        json!({"http_get": {"network": [format!("http://127.0.0.1:{port}")]}}),
+    );
+    let ok = get(format!("http://127.0.0.1:{port}/x")).await;
+    assert_eq!(ok, json!({"status": 200, "body": "hello from loopback"}));
+    // Another port, another scheme, another host: denied before any connection.
+    for url in [
+        format!("http://127.0.0.1:{}/", port.wrapping_add(1)),
+        format!("https://127.0.0.1:{port}/"),
+        "http://example.com/".to_owned(),
+    ] {
+        let denied = get(url.clone()).await;
+        assert!(
+            denied["error"]
+                .as_str()
+                .unwrap()
+                .contains("not in this tool's network grant"),
+            "{url}: {denied}"
+        );
+    }
+
+    // A name that resolves to loopback is refused after resolution, even when granted...
+    grant(
+        &f.host,
+        "acme",
+        json!({"http_get": {"network": [format!("http://localhost:{port}"), "*.example.com"]}}),
+    );
+    let rebinding = get(format!("http://localhost:{port}/")).await;
+    assert!(
+        rebinding["error"]
+            .as_str()
+            .unwrap()
+            .contains("non-public address"),
+        "{rebinding}"
+    );
+    // ...unless the operator allows that address.
+    let open = fixture(EgressConfig {
+        allow_private: vec!["127.0.0.0/8".parse().unwrap(), "::1".parse().unwrap()],
+    })
+    .await;
+    grant(
+        &open.host,
+        "acme",
+        json!({"http_get": {"network": [format!("http://localhost:{port}")]}}),
+    );
+    let out = call(
+        &open.host,
+        "acme",
+        "http_get",
+        json!({"url": format!("http://localhost:{port}/")}),
+    )
+    .await;
+    assert_eq!(out.result.unwrap()["status"], 200);
+}

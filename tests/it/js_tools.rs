@@ -1,0 +1,264 @@
+//! Stored-source JavaScript tools: source text run on the host's shared QuickJS runtime,
+//! under the same limits, helpers and outcomes as any Wasm tool.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use toolhost::{CallError, CallOutcome, Caller, Host, HostConfig, InstallError, ToolError};
+
+fn host_in(data_dir: Option<std::path::PathBuf>) -> Arc<Host> {
+    Arc::new(
+        Host::open(HostConfig {
+            data_dir,
+            js_runtime: Some(crate::plugins::js_runtime()),
+            ..crate::plugins::config()
+        })
+        .unwrap(),
+    )
+}
+
+fn example() -> String {
+    std::fs::read_to_string(crate::plugins::root().join("plugins/js-source/word_count.js")).unwrap()
+}
+
+/// A module with `name` whose handler body is `body`, with the given limits.
+fn tool(name: &str, limits: Value, body: &str) -> String {
+    format!(
+        "export const spec = {{ name: {name:?}, description: 'A test tool.', \
+         parameters: {{ type: 'object' }}, limits: {limits} }};\n\
+         export default function (args, ctx) {{\n{body}\n}}\n"
+    )
+}
+
+async fn call(host: &Host, name: &str, args: Value) -> CallOutcome {
+    host.call(&Caller::tenant("acme"), name, args).await
+}
+
+/// Both word-count examples, JS source and JS component, must answer exactly this.
+async fn assert_counts_the_cat_and_the_hat(host: &Host, tool: &str) {
+    let out = call(host, tool, json!({"text": "the cat and the hat"})).await;
+    assert_eq!(
+        out.result,
+        Ok(json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}})),
+        "{tool}"
+    );
+    assert_eq!(out.log.lines[0].message, "counted 5 words for acme");
+}
+
+#[tokio::test]
+async fn the_example_installs_and_answers_at_once() {
+    let host = host_in(None);
+    let spec = host.install_js("acme", &example()).await.unwrap();
+    assert_eq!(spec.name, "js_word_count");
+    assert_counts_the_cat_and_the_hat(&host, "js_word_count").await;
+    // The schema from `spec` is enforced before any JS runs.
+    let bad = call(&host, "js_word_count", json!({"txt": 1})).await;
+    assert_eq!(bad.code(), "invalid_args");
+    assert!(matches!(
+        host.describe("acme", "js_word_count").unwrap().source,
+        toolhost::Source::Js { version: 1, .. }
+    ));
+}
+
+#[tokio::test]
+async fn helpers_context_and_nested_calls_work_from_js() {
+    let host = host_in(None);
+    host.set_config("acme", "REGION", "eu-west", false).unwrap();
+    let counter = r#"export const spec = { name: "js_counter", description: "Counts.",
+        parameters: { type: "object" }, config: ["REGION"] };
+    export default async function (args, ctx) {
+        const n = Number(toolhost.kv.get("n") ?? "0") + 1;
+        toolhost.kv.set("n", String(n));
+        toolhost.log("warn", "counted");
+        return { n, region: toolhost.config.get("REGION"), tool: ctx.tool, data: ctx.data };
+    }"#;
+    host.install_js("acme", counter).await.unwrap();
+    let caller = Caller::tenant("acme").with_data(json!({"user": 7}));
+    for n in 1..=2 {
+        let out = host.call(&caller, "js_counter", json!({})).await;
+        assert_eq!(
+            out.result,
+            Ok(json!({"n": n, "region": "eu-west", "tool": "js_counter", "data": {"user": 7}}))
+        );
+        assert_eq!(out.log.lines[0].level, toolhost::Level::Warn);
+    }
+    let caller_tool = tool(
+        "js_caller",
+        json!({}),
+        "const inner = toolhost.callTool('js_counter', {});\n\
+         let missing;\n\
+         try { toolhost.callTool('nope', {}); } catch (e) { missing = e.message; }\n\
+         return { inner, missing };",
+    );
+    host.install_js("acme", &caller_tool).await.unwrap();
+    let out = call(&host, "js_caller", json!({})).await.result.unwrap();
+    assert_eq!(out["inner"]["n"], 3);
+    assert!(
+        out["missing"].as_str().unwrap().starts_with("not_found: "),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn a_syntax_error_is_refused_at_upload_with_line_and_column() {
+    let host = host_in(None);
+    let broken = "export const spec = { name: 'broken', description: 'x', parameters: { type: 'object' } };\n\
+                  export default function (args) {\n  return args.;\n}\n";
+    let error = host.install_js("acme", broken).await.unwrap_err();
+    let message = error.to_string();
+    assert!(matches!(error, InstallError::JsSource(_)), "{message}");
+    assert!(message.contains("SyntaxError"), "{message}");
+    assert!(message.contains("line 3, column"), "{message}");
+    assert!(host.describe("acme", "broken").is_none());
+
+    let no_spec = "export default () => 1;";
+    let message = host
+        .install_js("acme", no_spec)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("`spec`"), "{message}");
+    let bad_name = tool("no spaces", json!({}), "return 1;");
+    let error = host.install_js("acme", &bad_name).await.unwrap_err();
+    assert!(
+        matches!(&error, InstallError::Spec(e) if e.field == "name"),
+        "{error}"
+    );
+    let top_level_throw = "throw new TypeError('at load');";
+    let message = host
+        .install_js("acme", top_level_throw)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("TypeError: at load"), "{message}");
+}
+
+#[tokio::test]
+async fn an_exception_is_a_tool_error_with_message_and_stack() {
+    let host = host_in(None);
+    let thrower = tool(
+        "thrower",
+        json!({}),
+        "function deeper() { throw new RangeError('too far: ' + args.n); }\n\
+         deeper();",
+    );
+    host.install_js("acme", &thrower).await.unwrap();
+    let out = call(&host, "thrower", json!({"n": 3})).await;
+    let Err(CallError::Tool(ToolError::Failed(message))) = &out.result else {
+        panic!("expected a tool error, got {:?}", out.result);
+    };
+    assert!(message.starts_with("RangeError: too far: 3"), "{message}");
+    assert!(
+        message.contains("deeper"),
+        "the stack names the function: {message}"
+    );
+    assert!(message.contains("tool.js:"), "{message}");
+}
+
+#[tokio::test]
+async fn an_endless_loop_times_out_and_a_memory_bomb_hits_the_memory_limit() {
+    let host = host_in(None);
+    let spin = tool("spin", json!({"timeout_ms": 300}), "while (true) {}");
+    let bomb = tool(
+        "bomb",
+        json!({"memory_bytes": 16 << 20}),
+        "const hoard = []; while (true) hoard.push(new Array(100000).fill(hoard.length));",
+    );
+    host.install_js("acme", &spin).await.unwrap();
+    host.install_js("acme", &bomb).await.unwrap();
+    let started = std::time::Instant::now();
+    let out = call(&host, "spin", json!({})).await;
+    assert_eq!(out.result, Err(CallError::Timeout { limit_ms: 300 }));
+    // Generous: the point is that it ends, at the deadline and not never.
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
+    let out = call(&host, "bomb", json!({})).await;
+    assert_eq!(
+        out.result,
+        Err(CallError::MemoryLimit {
+            limit_bytes: 16 << 20
+        })
+    );
+    // The host serves the next call as usual.
+    host.install_js("acme", &example()).await.unwrap();
+    assert!(
+        call(&host, "js_word_count", json!({"text": "ok"}))
+            .await
+            .result
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn js_tools_survive_a_restart_and_keep_their_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let host = host_in(Some(dir.path().to_owned()));
+        host.install_js("acme", &example()).await.unwrap();
+    }
+    // Opened without a runtime: installed tools still run on the one they were installed on.
+    let host = Host::open(HostConfig {
+        data_dir: Some(dir.path().to_owned()),
+        ..crate::plugins::config()
+    })
+    .unwrap();
+    let out = call(&host, "js_word_count", json!({"text": "a b a"})).await;
+    assert_eq!(out.result.unwrap()["words"], 3);
+    let refused = host.install_js("acme", &example()).await.unwrap_err();
+    assert!(matches!(refused, InstallError::NoJsRuntime));
+}
+
+// ---- the other path: a component built by the JS SDK ----
+
+/// One test, so the ~12 MB component compiles once per run; later steps reuse its artifact.
+#[tokio::test]
+async fn a_component_built_by_the_js_sdk_installs_runs_and_restarts_from_its_artifact() {
+    let component = crate::plugins::js_component();
+    let dir = tempfile::tempdir().unwrap();
+    let config = || HostConfig {
+        data_dir: Some(dir.path().to_owned()),
+        ..crate::plugins::config()
+    };
+    {
+        let host = Host::open(config()).unwrap();
+        let specs = host.install("acme", component).await.unwrap();
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["js_component_word_count", "js_component_fail"]);
+        assert_counts_the_cat_and_the_hat(&host, "js_component_word_count").await;
+        let out = call(&host, "js_component_fail", json!({"why": "testing"})).await;
+        let Err(CallError::Tool(ToolError::Failed(message))) = &out.result else {
+            panic!("expected a tool error, got {:?}", out.result);
+        };
+        assert!(
+            message.starts_with("Error: failed on purpose: testing"),
+            "{message}"
+        );
+        assert!(message.contains("handler@"), "with the stack: {message}");
+        let out = call(
+            &host,
+            "js_component_word_count",
+            json!({"text": "x".repeat(100_001)}),
+        )
+        .await;
+        assert!(
+            matches!(&out.result, Err(CallError::Tool(ToolError::InvalidArgs(m))) if m.contains("100 000")),
+            "{:?}",
+            out.result
+        );
+        assert_eq!(
+            call(&host, "js_component_word_count", json!({}))
+                .await
+                .code(),
+            "invalid_args"
+        );
+    }
+    // After a restart the stored artifact is loaded, not recompiled.
+    let host = Host::open(config()).unwrap();
+    let out = call(&host, "js_component_word_count", json!({"text": "a b a"})).await;
+    assert_eq!(out.result.unwrap()["words"], 3);
+    let loads = host.metrics().render();
+    assert!(
+        loads.contains("toolhost_component_loads_total{source=\"artifact\"} 1\n")
+            && loads.contains("toolhost_component_loads_total{source=\"compiled\"} 0\n"),
+        "{loads}"
+    );
+}

@@ -1,0 +1,14 @@
+//! Every integration test, in one binary: the wasmtime stack is linked once, and the tests
+//! share the example plugins, built once per run (`plugins`).
+
+mod crash;
+mod disclosure;
+mod e2e;
+mod grants;
+mod http_tools;
+mod js_tools;
+mod mcp;
+mod pipeline;
+mod plugins;
+mod server;
+mod store;

@@ -1,0 +1,220 @@
+//! MCP, driven by the official TypeScript SDK client (`tests/mcp-client`, installed by
+//! `npm ci` in scripts/test): Streamable HTTP with API keys, pagination, tool results and
+//! errors, `tools/list_changed`, and stdio.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::plugins::{plugin, root};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use toolhost::{Host, HostConfig, ToolSpec};
+
+fn client_dir() -> PathBuf {
+    let dir = root().join("tests/mcp-client");
+    assert!(
+        dir.join("node_modules/@modelcontextprotocol/sdk").exists(),
+        "run `npm ci --prefix tests/mcp-client` first (scripts/test does)"
+    );
+    dir
+}
+
+async fn next_step(lines: &mut Lines<BufReader<ChildStdout>>, step: &str) -> Value {
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .unwrap_or_else(|_| panic!("no `{step}` from the MCP client within 60 s"))
+        .unwrap()
+        .unwrap_or_else(|| panic!("the MCP client exited before `{step}`"));
+    let value: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+    assert_eq!(value["step"], step, "{value}");
+    value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() {
+    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    host.create_tenant("acme").unwrap();
+    let key = host.create_key("acme").unwrap().secret;
+    host.install("acme", plugin("text_stats")).await.unwrap();
+    // 60 natives (visible to every tenant) push the listing past one page.
+    for i in 0..60 {
+        let spec = ToolSpec::new(
+            format!("native_{i:02}"),
+            "A native tool.",
+            json!({"type": "object"}),
+        );
+        host.natives()
+            .register(spec, |_, _, _| async { Ok(json!(null)) })
+            .unwrap();
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(toolhost_server::server::serve(
+        host.clone(),
+        listener,
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let request =
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+    tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut response)
+        .await
+        .unwrap();
+    assert!(
+        response.starts_with("HTTP/1.1 401"),
+        "MCP without a key: {response}"
+    );
+    assert!(response.contains("\"unauthorized\""), "{response}");
+
+    let mut child = Command::new("node")
+        .arg("client.mjs")
+        .args(["http", &url, &key])
+        .current_dir(client_dir())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node is installed");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+
+    let init = next_step(&mut lines, "initialized").await;
+    assert_eq!(init["server"]["name"], "toolhost");
+    assert_eq!(init["capabilities"]["tools"]["listChanged"], true);
+
+    let listed = next_step(&mut lines, "listed").await;
+    assert_eq!(listed["pages"], 2, "62 tools at 50 a page");
+    assert_eq!(listed["names"].as_array().unwrap().len(), 62);
+    let text_stats = listed["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|n| n == "text_stats");
+    assert!(text_stats.is_some(), "{listed}");
+
+    let called = next_step(&mut lines, "called").await;
+    let result = &called["result"];
+    assert_eq!(result["isError"], false);
+    assert_eq!(result["structuredContent"]["words"], 3);
+    let text: Value = serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text, result["structuredContent"]);
+
+    let bad = next_step(&mut lines, "bad_args").await;
+    assert_eq!(bad["result"]["isError"], true);
+    assert!(
+        bad["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("error[invalid_args]")
+    );
+
+    let unknown = next_step(&mut lines, "unknown").await;
+    assert_eq!(
+        unknown["threw"], true,
+        "an unknown tool is a JSON-RPC error: {unknown}"
+    );
+    assert!(
+        unknown["message"].as_str().unwrap().contains("-32602"),
+        "{unknown}"
+    );
+
+    next_step(&mut lines, "waiting").await;
+    host.install("globex", plugin("unit_convert"))
+        .await
+        .unwrap(); // not acme's: no notice
+    host.install("acme", plugin("unit_convert")).await.unwrap();
+    let changed = next_step(&mut lines, "changed").await;
+    assert_eq!(changed["count"], 63);
+    next_step(&mut lines, "closed").await;
+    assert!(child.wait().await.unwrap().success());
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server stops even with MCP sessions open")
+        .unwrap()
+        .unwrap();
+}
+
+/// `toolhost mcp` for tenant `acme` (with `text_stats` installed), driven by the official
+/// client over stdio; the data directory lives as long as the returned guard.
+async fn stdio_client(extra: &[&str]) -> (tempfile::TempDir, Child, Lines<BufReader<ChildStdout>>) {
+    let data = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(HostConfig {
+            data_dir: Some(data.path().to_owned()),
+            ..crate::plugins::config()
+        })
+        .unwrap();
+        host.install("acme", plugin("text_stats")).await.unwrap();
+    }
+    let mut child = Command::new("node")
+        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+        .arg("client.mjs")
+        .args([
+            "stdio",
+            env!("CARGO_BIN_EXE_toolhost"),
+            data.path().to_str().unwrap(),
+            "acme",
+        ])
+        .args(extra)
+        .current_dir(client_dir())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node is installed");
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    (data, child, lines)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_client_talks_to_toolhost_mcp_over_stdio() {
+    let (_data, mut child, mut lines) = stdio_client(&[]).await;
+    next_step(&mut lines, "initialized").await;
+    let listed = next_step(&mut lines, "listed").await;
+    assert_eq!(listed["names"], json!(["text_stats", "word_frequency"]));
+    assert_eq!(listed["first"]["_meta"]["toolhost/group"], "text");
+    let called = next_step(&mut lines, "called").await;
+    assert_eq!(called["result"]["structuredContent"]["words"], 3);
+    assert_eq!(
+        next_step(&mut lines, "bad_args").await["result"]["isError"],
+        true
+    );
+    assert_eq!(next_step(&mut lines, "unknown").await["threw"], true);
+    next_step(&mut lines, "closed").await;
+    assert!(child.wait().await.unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_disclosure_on_the_client_sees_the_bridges_and_can_still_call_found_tools() {
+    let (_data, mut child, mut lines) = stdio_client(&["--disclosure", "on"]).await;
+    next_step(&mut lines, "initialized").await;
+    let listed = next_step(&mut lines, "listed").await;
+    assert_eq!(
+        listed["names"],
+        json!(["tool_search", "tool_describe", "tool_call"])
+    );
+    let called = next_step(&mut lines, "called").await;
+    assert_eq!(
+        called["result"]["structuredContent"]["words"], 3,
+        "{called}"
+    );
+    next_step(&mut lines, "bad_args").await;
+    assert_eq!(next_step(&mut lines, "unknown").await["threw"], true);
+    next_step(&mut lines, "closed").await;
+    assert!(child.wait().await.unwrap().success());
+}

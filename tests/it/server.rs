@@ -1,0 +1,774 @@
+//! The HTTP API: keys, tenants, every route, limits, the error shape, graceful shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::plugins::plugin;
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use toolhost::{Host, ToolSpec};
+use toolhost_server::server::{MAX_REQUEST_BYTES, router};
+
+struct Api {
+    router: Router,
+    host: Arc<Host>,
+    acme: String,
+    globex: String,
+}
+
+fn api() -> Api {
+    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let mut keys = Vec::new();
+    for tenant in ["acme", "globex"] {
+        host.create_tenant(tenant).unwrap();
+        keys.push(host.create_key(tenant).unwrap().secret);
+    }
+    let globex = keys.pop().unwrap();
+    let acme = keys.pop().unwrap();
+    Api {
+        router: router(host.clone(), Default::default()),
+        host,
+        acme,
+        globex,
+    }
+}
+
+async fn send(
+    api: &Api,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", content_type);
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    let response =
+        tower::ServiceExt::oneshot(api.router.clone(), request.body(Body::from(body)).unwrap())
+            .await
+            .unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, value)
+}
+
+async fn get(api: &Api, path: &str, key: &str) -> (StatusCode, Value) {
+    send(api, "GET", path, Some(key), "application/json", vec![]).await
+}
+
+async fn post_json(api: &Api, path: &str, key: &str, body: Value) -> (StatusCode, Value) {
+    send(
+        api,
+        "POST",
+        path,
+        Some(key),
+        "application/json",
+        body.to_string().into_bytes(),
+    )
+    .await
+}
+
+async fn install(api: &Api, key: &str, name: &str) -> (StatusCode, Value) {
+    send(
+        api,
+        "POST",
+        "/v1/tools",
+        Some(key),
+        "application/wasm",
+        plugin(name),
+    )
+    .await
+}
+
+fn error_code(body: &Value) -> &str {
+    body["error"]["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error body: {body}"))
+}
+
+#[tokio::test]
+async fn keys_decide_the_tenant_and_anything_else_is_401() {
+    let api = api();
+    for key in [None, Some("thk_00000000_nope"), Some("")] {
+        let (status, body) = send(&api, "GET", "/v1/tools", key, "application/json", vec![]).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(error_code(&body), "unauthorized");
+    }
+    let (status, _) = get(&api, "/v1/tools", &api.acme).await;
+    assert_eq!(status, StatusCode::OK);
+    let id = &api.host.keys(Some("acme")).unwrap()[0].id;
+    assert!(api.host.revoke_key(id).unwrap());
+    assert_eq!(
+        get(&api, "/v1/tools", &api.acme).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        get(&api, "/v1/tools", &api.globex).await.0,
+        StatusCode::OK,
+        "other keys live on"
+    );
+}
+
+#[tokio::test]
+async fn a_tool_is_installed_called_versioned_and_removed_over_http() {
+    let api = api();
+    let (status, body) = install(&api, &api.acme, "text_stats").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["installed"].as_array().unwrap().len(), 2);
+
+    let (_, body) = get(&api, "/v1/tools", &api.acme).await;
+    let names: Vec<&str> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["spec"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["text_stats", "word_frequency"]);
+    let (status, body) = get(&api, "/v1/tools/text_stats", &api.acme).await;
+    assert_eq!(
+        (status, body["source"]["version"].as_u64()),
+        (StatusCode::OK, Some(1))
+    );
+
+    let (status, body) = post_json(
+        &api,
+        "/v1/tools/text_stats/call",
+        &api.acme,
+        json!({"arguments": {"text": "one two three"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (body["ok"].as_bool(), body["result"]["words"].as_u64()),
+        (Some(true), Some(3)),
+        "{body}"
+    );
+    assert!(body["call_id"].is_string() && body["fuel_used"].as_u64().unwrap() > 0);
+
+    let (status, body) = post_json(
+        &api,
+        "/v1/tools/text_stats/call",
+        &api.acme,
+        json!({"arguments": {"text": 1}}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["ok"].as_bool()),
+        (StatusCode::OK, Some(false))
+    );
+    assert_eq!(error_code(&body), "invalid_args");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("/text"),
+        "{body}"
+    );
+
+    let (status, body) = get(&api, "/v1/tools/text_stats/versions", &api.acme).await;
+    assert_eq!(
+        (status, body["current"].as_u64()),
+        (StatusCode::OK, Some(1))
+    );
+    let (status, body) =
+        post_json(&api, "/v1/tools/text_stats/rollback", &api.acme, json!({})).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::CONFLICT, "no_such_version")
+    );
+
+    let (status, _) = send(
+        &api,
+        "DELETE",
+        "/v1/tools/text_stats",
+        Some(&api.acme),
+        "",
+        vec![],
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = post_json(&api, "/v1/tools/text_stats/call", &api.acme, json!({})).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+}
+
+#[tokio::test]
+async fn a_component_installs_from_a_multipart_form() {
+    let api = api();
+    let boundary = "toolhost-boundary";
+    let mut form = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"component\"; filename=\"u.wasm\"\r\nContent-Type: application/wasm\r\n\r\n"
+    )
+    .into_bytes();
+    form.extend(plugin("unit_convert"));
+    form.extend(format!("\r\n--{boundary}--\r\n").into_bytes());
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    let (status, body) = send(
+        &api,
+        "POST",
+        "/v1/tools",
+        Some(&api.acme),
+        &content_type,
+        form,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["installed"][0]["name"], "convert_units");
+}
+
+#[tokio::test]
+async fn another_tenants_tool_answers_exactly_like_a_missing_one() {
+    let api = api();
+    let probes = [
+        ("GET", "/v1/tools/word_frequency", json!(null)),
+        (
+            "POST",
+            "/v1/tools/word_frequency/call",
+            json!({"arguments": {"text": "x"}}),
+        ),
+        ("GET", "/v1/tools/word_frequency/versions", json!(null)),
+        (
+            "POST",
+            "/v1/tools/word_frequency/rollback",
+            json!({"to": 1}),
+        ),
+        ("DELETE", "/v1/tools/word_frequency", json!(null)),
+    ];
+    let mut before = Vec::new();
+    for (method, path, body) in &probes {
+        before.push(
+            send(
+                &api,
+                method,
+                path,
+                Some(&api.globex),
+                "application/json",
+                body.to_string().into_bytes(),
+            )
+            .await,
+        );
+    }
+    install(&api, &api.acme, "text_stats").await;
+    for ((method, path, body), expected) in probes.iter().zip(before) {
+        let after = send(
+            &api,
+            method,
+            path,
+            Some(&api.globex),
+            "application/json",
+            body.to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!(after, expected, "{method} {path}");
+        assert_eq!(after.0, StatusCode::NOT_FOUND, "{method} {path}");
+    }
+    let (_, body) = get(&api, "/v1/tools", &api.globex).await;
+    assert_eq!(body["tools"], json!([]));
+    let (status, _) = get(&api, "/v1/tools/word_frequency", &api.acme).await;
+    assert_eq!(status, StatusCode::OK, "acme's tool is untouched");
+}
+
+/// Sends as acme and checks the error shape: status and code; returns the message.
+async fn expect_error(
+    api: &Api,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    status: StatusCode,
+    code: &str,
+) -> String {
+    let (got, body) = send(api, method, path, Some(&api.acme), content_type, body).await;
+    assert_eq!(
+        (got, error_code(&body)),
+        (status, code),
+        "{method} {path}: {body}"
+    );
+    body["error"]["message"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn oversized_and_malformed_requests_get_the_error_shape() {
+    let api = api();
+    install(&api, &api.acme, "text_stats").await;
+    let call = "/v1/tools/text_stats/call";
+    let huge = json!({"arguments": {"text": "x".repeat(MAX_REQUEST_BYTES)}})
+        .to_string()
+        .into_bytes();
+    expect_error(
+        &api,
+        "POST",
+        call,
+        "application/json",
+        huge,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+    )
+    .await;
+    let not_json = b"{not json".to_vec();
+    expect_error(
+        &api,
+        "POST",
+        call,
+        "application/json",
+        not_json,
+        StatusCode::BAD_REQUEST,
+        "invalid_json",
+    )
+    .await;
+
+    let wasm = "application/wasm";
+    let too_big = vec![0u8; api.host.max_component_bytes() + 1];
+    expect_error(
+        &api,
+        "POST",
+        "/v1/tools",
+        wasm,
+        too_big,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+    )
+    .await;
+    let garbage = b"garbage".to_vec();
+    let message = expect_error(
+        &api,
+        "POST",
+        "/v1/tools",
+        wasm,
+        garbage,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_component",
+    )
+    .await;
+    assert!(message.contains("not WebAssembly"), "{message}");
+    let bad_spec = plugin("bad_spec");
+    expect_error(
+        &api,
+        "POST",
+        "/v1/tools",
+        wasm,
+        bad_spec,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_spec",
+    )
+    .await;
+    expect_error(
+        &api,
+        "GET",
+        "/v2/nothing",
+        "",
+        vec![],
+        StatusCode::NOT_FOUND,
+        "no_route",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn every_documented_route_exists() {
+    let api = api();
+    let (status, doc) = send(&api, "GET", "/openapi.json", None, "", vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 8);
+    for (path, methods) in paths {
+        for method in methods.as_object().unwrap().keys() {
+            let concrete = path
+                .replace("{name}", "nothing_here")
+                .replace("{call_id}", "no_such_call");
+            let (status, body) = send(
+                &api,
+                &method.to_uppercase(),
+                &concrete,
+                Some(&api.acme),
+                "application/json",
+                vec![],
+            )
+            .await;
+            assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            assert!(
+                body["error"]["code"] != "no_route",
+                "{method} {path} is documented but not routed"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_http_tool_installs_from_json() {
+    let api = api();
+    let def = |url: &str| {
+        json!({
+            "spec": {"name": "status", "description": "Service status.",
+                     "parameters": {"type": "object"}},
+            "request": {"method": "get", "url": url}
+        })
+    };
+    let (status, body) = post_json(&api, "/v1/tools", &api.acme, def("gopher://x/")).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec")
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("request.url")
+    );
+    let (status, body) = post_json(&api, "/v1/tools", &api.acme, json!({"spec": {}})).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::BAD_REQUEST, "invalid_json")
+    );
+
+    let (status, body) = post_json(
+        &api,
+        "/v1/tools",
+        &api.acme,
+        def("http://127.0.0.1:9/status"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["installed"][0]["name"], "status");
+    // No grant for loopback in this host: the call is refused before anything is sent.
+    let (status, body) = post_json(
+        &api,
+        "/v1/tools/status/call",
+        &api.acme,
+        json!({"arguments": {}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(error_code(&body), "tool_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("egress.allow_private")
+    );
+    assert_eq!(
+        get(&api, "/v1/tools/status", &api.globex).await.0,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn approvals_policy_and_metrics_over_http() {
+    let api = api();
+    let mut guarded = ToolSpec::new("wire_money", "Moves money.", json!({"type": "object"}));
+    guarded.needs_approval = true;
+    api.host
+        .natives()
+        .register(guarded, |_, _, _| async { Ok(json!("wired")) })
+        .unwrap();
+    let policy = serde_json::from_value(json!({"calls_per_minute": 600, "deny": ["admin_*"]}));
+    api.host.set_policy("acme", policy.unwrap()).unwrap();
+    let (status, body) = get(&api, "/v1/policy", &api.acme).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"calls_per_minute": 600, "deny": ["admin_*"]}));
+    assert_eq!(get(&api, "/v1/policy", &api.globex).await.1, json!({}));
+
+    let call = "/v1/tools/wire_money/call";
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (status, body) = post_json(&api, call, &api.acme, json!({"arguments": {}})).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(error_code(&body), "approval_required");
+        ids.push(body["call_id"].as_str().unwrap().to_owned());
+    }
+    let (_, pending) = get(&api, "/v1/approvals", &api.acme).await;
+    assert_eq!(pending["pending"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        get(&api, "/v1/approvals", &api.globex).await.1["pending"],
+        json!([])
+    );
+
+    let approve = format!("/v1/approvals/{}/approve", ids[0]);
+    let (status, body) = post_json(&api, &approve, &api.globex, json!({})).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::NOT_FOUND, "not_pending")
+    );
+    let (status, body) = post_json(&api, &approve, &api.acme, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (&body["result"], &body["call_id"]),
+        (&json!("wired"), &json!(ids[0]))
+    );
+    assert_eq!(
+        post_json(&api, &approve, &api.acme, json!({})).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    let reject = format!("/v1/approvals/{}/reject", ids[1]);
+    let (status, body) = post_json(&api, &reject, &api.acme, json!({"reason": "no"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body["error"],
+        json!({"code": "rejected", "message": "rejected: no"})
+    );
+
+    let (status, text) = send(&api, "GET", "/metrics", None, "", vec![]).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = text.as_str().unwrap();
+    assert!(
+        text.contains("toolhost_calls_total{outcome=\"approval_required\"} 2\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("toolhost_calls_total{outcome=\"rejected\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("acme") && !text.contains("wire_money"),
+        "names nobody"
+    );
+}
+
+#[tokio::test]
+async fn export_follows_each_formats_rules_and_hides_private_tools() {
+    let api = api();
+    install(&api, &api.acme, "unit_convert").await;
+    let mut private = ToolSpec::new("internal_audit", "Host only.", json!({"type": "object"}));
+    private.private = true;
+    api.host
+        .natives()
+        .register(private, |_, _, _| async { Ok(Value::Null) })
+        .unwrap();
+
+    let (_, openai) = get(&api, "/v1/export?format=openai", &api.acme).await;
+    let tools = openai["tools"].as_array().unwrap();
+    assert_eq!(
+        tools.len(),
+        1,
+        "the private native is not exported: {openai}"
+    );
+    let function = &tools[0]["function"];
+    assert_eq!(
+        (tools[0]["type"].as_str(), function["strict"].as_bool()),
+        (Some("function"), Some(true))
+    );
+    assert_eq!(function["parameters"]["additionalProperties"], false);
+    assert_eq!(
+        function["parameters"]["required"],
+        json!(["value", "from", "to"])
+    );
+
+    let (_, anthropic) = get(&api, "/v1/export?format=anthropic", &api.acme).await;
+    let tool = &anthropic["tools"][0];
+    let keys: Vec<&String> = tool.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["name", "description", "input_schema"]);
+    assert_eq!(tool["input_schema"]["type"], "object");
+
+    let (_, mcp) = get(&api, "/v1/export?format=mcp", &api.acme).await;
+    assert_eq!(mcp["tools"][0]["inputSchema"]["type"], "object");
+
+    let (status, body) = get(&api, "/v1/export?format=xml", &api.acme).await;
+    assert_eq!(
+        (status, error_code(&body)),
+        (StatusCode::BAD_REQUEST, "bad_request")
+    );
+}
+
+/// A minimal HTTP/1.1 exchange over a real socket: (status, body).
+async fn http(addr: std::net::SocketAddr, request: String) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_running_calls_finish_and_refuses_new_ones() {
+    let api = api();
+    api.host.install("acme", plugin("probe")).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(toolhost_server::server::serve(
+        api.host.clone(),
+        listener,
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let body = json!({"arguments": {"ms": 600}}).to_string();
+    let request = format!(
+        "POST /v1/tools/busy/call HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        api.acme,
+        body.len()
+    );
+    let started = crate::plugins::next_call_started(&api.host);
+    let running = tokio::spawn(http(addr, request));
+    started.await.unwrap();
+    stop.send(()).unwrap();
+    let (status, body) = running.await.unwrap().unwrap();
+    assert_eq!(status, 200, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (body["ok"].as_bool(), body["result"].as_str()),
+        (Some(true), Some("done"))
+    );
+    server.await.unwrap().unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed"
+    );
+}
+
+/// `toolhost serve` owns its data directory; the CLI's operator commands reach it through the
+/// admin socket, and take effect at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_manages_tenants_keys_and_policies_while_the_server_runs() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+            .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["serve", "--listen", &addr.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let socket = dir.path().join(toolhost_server::admin::SOCKET);
+    for _ in 0..200 {
+        if socket.exists() && tokio::net::TcpStream::connect(addr).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "owner-only");
+
+    assert_eq!(
+        cli(&["tenant", "create", "acme"]),
+        (Some(0), "created tenant acme\n".into(), String::new())
+    );
+    let (code, secret, notice) = cli(&["--tenant", "acme", "key", "create"]);
+    assert_eq!(code, Some(0), "{notice}");
+    assert!(notice.contains("not shown again"));
+    let key = secret.trim();
+    let tools = |key: String| {
+        http(
+            addr,
+            format!(
+                "GET /v1/tools HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    assert_eq!(
+        tools(key.into()).await.unwrap().0,
+        200,
+        "the new key works at once"
+    );
+
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, r#"{"deny": ["admin_*"]}"#).unwrap();
+    let (code, _, _) = cli(&[
+        "--tenant",
+        "acme",
+        "policy",
+        "set",
+        policy.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0));
+    let (status, body) = http(
+        addr,
+        format!("GET /v1/policy HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+    .unwrap();
+    assert_eq!((status, body.as_str()), (200, r#"{"deny":["admin_*"]}"#));
+
+    // Errors come back as the CLI's own; a command that needs the store itself says why.
+    let (code, _, stderr) = cli(&["key", "revoke", "nope"]);
+    assert_eq!(
+        (code, stderr.trim()),
+        (Some(2), "error: no key with id `nope`")
+    );
+    let (code, _, stderr) = cli(&["list"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("in use"), "{stderr}");
+
+    let (_, list, _) = cli(&["--tenant", "acme", "key", "list"]);
+    let id = list.split_whitespace().next().unwrap().to_owned();
+    assert_eq!(cli(&["key", "revoke", &id]).0, Some(0));
+    assert_eq!(tools(key.into()).await.unwrap().0, 401, "revoked at once");
+
+    // SIGTERM: the server stops and takes its socket with it.
+    let term = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    assert!(server.wait().unwrap().success());
+    assert!(!socket.exists());
+    assert_eq!(
+        cli(&["tenant", "list"]).1,
+        "acme\n",
+        "and the CLI opens the store itself again"
+    );
+}
+
+/// A search model that cannot load stops `serve` before it listens, naming the file at fault.
+#[test]
+fn serve_refuses_a_search_model_it_cannot_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::write(model.join("config.json"), r#"{"model_type": "gpt2"}"#).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--search-model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("search model: config.json"), "{stderr}");
+}

@@ -1,0 +1,563 @@
+//! End to end: what persists, per tenant: versions, the result cache, KV, config and secrets.
+
+use std::sync::Arc;
+
+use crate::plugins::plugin;
+use serde_json::{Value, json};
+use toolhost::{
+    CallError, CallOutcome, Caller, Host, HostConfig, InstallError, ManageError, Source, ToolError,
+    ToolSpec,
+};
+
+fn persistent(dir: &std::path::Path) -> HostConfig {
+    HostConfig {
+        data_dir: Some(dir.to_owned()),
+        ..crate::plugins::config()
+    }
+}
+
+async fn call(host: &Host, tenant: &str, tool: &str, args: Value) -> CallOutcome {
+    host.call(&Caller::tenant(tenant), tool, args).await
+}
+
+/// The same component with a custom section appended: other bytes, other sha256, same tools.
+fn variant(name: &str, tag: &str) -> Vec<u8> {
+    let mut bytes = plugin(name);
+    let payload = [&[tag.len() as u8][..], tag.as_bytes()].concat();
+    bytes.push(0); // custom section id
+    bytes.push(payload.len() as u8);
+    bytes.extend(payload);
+    bytes
+}
+
+fn version_of(host: &Host, tenant: &str, tool: &str) -> (u32, String) {
+    match host.describe(tenant, tool).expect("installed").source {
+        Source::Wasm {
+            version, component, ..
+        } => (version, component),
+        other => panic!("not a Wasm tool: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn reinstalling_makes_versions_and_rollback_restores_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1_sha, v2_sha);
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        host.install("acme", plugin("unit_convert")).await.unwrap();
+        v1_sha = version_of(&host, "acme", "convert_units").1;
+        host.install("acme", variant("unit_convert", "v2"))
+            .await
+            .unwrap();
+        let (version, sha) = version_of(&host, "acme", "convert_units");
+        assert_eq!(version, 2);
+        assert_ne!(sha, v1_sha);
+        v2_sha = sha;
+
+        let entry = host.versions("acme", "convert_units").unwrap();
+        let numbers: Vec<u32> = entry.versions.iter().map(|v| v.version).collect();
+        assert_eq!((numbers, entry.current), (vec![1, 2], 2));
+
+        assert_eq!(host.rollback("acme", "convert_units", None).unwrap(), 1);
+        assert_eq!(
+            version_of(&host, "acme", "convert_units"),
+            (1, v1_sha.clone())
+        );
+        let out = call(
+            &host,
+            "acme",
+            "convert_units",
+            json!({"value": 1, "from": "km", "to": "m"}),
+        )
+        .await;
+        assert_eq!(out.result.unwrap()["value"], json!(1000.0));
+
+        assert!(matches!(
+            host.rollback("acme", "convert_units", None),
+            Err(ManageError::NoEarlierVersion(_))
+        ));
+        assert!(matches!(
+            host.rollback("acme", "convert_units", Some(9)),
+            Err(ManageError::NoSuchVersion { version: 9, .. })
+        ));
+    }
+    // The rollback survives a restart; the next install is version 3.
+    let host = Host::open(persistent(dir.path())).unwrap();
+    assert_eq!(version_of(&host, "acme", "convert_units"), (1, v1_sha));
+    assert_eq!(host.rollback("acme", "convert_units", Some(2)).unwrap(), 2);
+    assert_eq!(version_of(&host, "acme", "convert_units"), (2, v2_sha));
+    host.install("acme", variant("unit_convert", "v3"))
+        .await
+        .unwrap();
+    assert_eq!(version_of(&host, "acme", "convert_units").0, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_in_flight_finish_on_the_version_they_started_with() {
+    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    host.install("acme", plugin("probe")).await.unwrap();
+    let started = crate::plugins::next_call_started(&host);
+    let running = {
+        let host = host.clone();
+        tokio::spawn(async move { call(&host, "acme", "busy", json!({"ms": 400})).await })
+    };
+    started.await.unwrap();
+    host.install("acme", variant("probe", "v2")).await.unwrap();
+    assert!(host.remove("acme", "busy").unwrap());
+    let out = running.await.unwrap();
+    assert_eq!(out.result, Ok(json!("done")), "{:?}", out.result);
+    let gone = call(&host, "acme", "busy", json!({"ms": 1})).await;
+    assert_eq!(gone.code(), "not_found");
+}
+
+#[tokio::test]
+async fn the_result_cache_answers_without_running_the_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        host.install("acme", plugin("probe")).await.unwrap();
+        let first = call(&host, "acme", "count_cached", json!({"key": "a"})).await;
+        assert_eq!(
+            (first.result.clone(), first.cache_hit),
+            (Ok(json!(1)), false)
+        );
+        assert!(first.fuel_used.is_some());
+        let second = call(&host, "acme", "count_cached", json!({"key": "a"})).await;
+        assert_eq!((second.result, second.cache_hit), (Ok(json!(1)), true));
+        assert_eq!(second.fuel_used, None, "the tool did not run");
+        let other_key = call(&host, "acme", "count_cached", json!({"key": "b"})).await;
+        assert_eq!(
+            (other_key.result, other_key.cache_hit),
+            (Ok(json!(1)), false)
+        );
+        // Without a cache policy the tool runs every time.
+        call(&host, "acme", "count", json!({"key": "a"})).await;
+        assert_eq!(
+            call(&host, "acme", "count", json!({"key": "a"}))
+                .await
+                .result,
+            Ok(json!(2))
+        );
+    }
+    let host = Host::open(persistent(dir.path())).unwrap();
+    let after_restart = call(&host, "acme", "count_cached", json!({"key": "a"})).await;
+    assert!(after_restart.cache_hit, "cached results persist");
+    // Another tenant never sees acme's cached result.
+    host.install("globex", plugin("probe")).await.unwrap();
+    let globex = call(&host, "globex", "count_cached", json!({"key": "a"})).await;
+    assert_eq!((globex.result, globex.cache_hit), (Ok(json!(1)), false));
+    // A new version does not answer with the old version's results.
+    host.install("acme", variant("probe", "v2")).await.unwrap();
+    let new_version = call(&host, "acme", "count_cached", json!({"key": "a"})).await;
+    assert_eq!(
+        (new_version.result, new_version.cache_hit),
+        (Ok(json!(2)), false)
+    );
+}
+
+#[tokio::test]
+async fn kv_persists_per_tenant_and_tool_with_quotas() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        for tenant in ["acme", "globex"] {
+            host.install(tenant, plugin("probe")).await.unwrap();
+        }
+        for expected in 1..=3 {
+            let out = call(&host, "acme", "count", json!({"key": "visits"})).await;
+            assert_eq!(out.result, Ok(json!(expected)));
+        }
+        let out = call(&host, "globex", "count", json!({"key": "visits"})).await;
+        assert_eq!(out.result, Ok(json!(1)), "globex has its own KV");
+        let flood = call(&host, "acme", "kv_flood", json!({}))
+            .await
+            .result
+            .unwrap();
+        assert_eq!(flood["stored"], 1000);
+        assert!(
+            flood["error"].as_str().unwrap().contains("1000 keys"),
+            "{flood}"
+        );
+    }
+    let host = Host::open(persistent(dir.path())).unwrap();
+    let out = call(&host, "acme", "count", json!({"key": "visits"})).await;
+    assert_eq!(out.result, Ok(json!(4)), "KV survives a restart");
+}
+
+#[tokio::test]
+async fn secrets_reach_only_declaring_tools_and_never_their_logs_or_errors() {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    for tenant in ["acme", "globex"] {
+        host.install(tenant, plugin("probe")).await.unwrap();
+    }
+    host.set_config("acme", "API_TOKEN", "tok-8c1f2e", true)
+        .unwrap();
+    host.set_config("acme", "REGION", "eu-north", false)
+        .unwrap();
+
+    let out = call(&host, "acme", "secret_leak", json!({})).await;
+    assert_eq!(
+        out.result,
+        Err(CallError::Tool(ToolError::Failed(
+            "upstream rejected token [redacted] in eu-north".into()
+        )))
+    );
+    assert_eq!(out.log.lines[0].message, "token=[redacted] region=eu-north");
+    assert_eq!(out.log.stderr.trim(), "stderr token=[redacted]");
+    assert_eq!(out.log.stdout.trim(), "stdout token=[redacted]");
+
+    let listed = host.config("acme").unwrap();
+    assert_eq!(
+        listed,
+        vec![
+            ("API_TOKEN".into(), None),
+            ("REGION".into(), Some("eu-north".into()))
+        ]
+    );
+    let undeclared = call(&host, "acme", "config_undeclared", json!({}))
+        .await
+        .result
+        .unwrap();
+    assert_eq!(undeclared["ok"], false);
+    assert!(
+        undeclared["error"].as_str().unwrap().contains("not among"),
+        "{undeclared}"
+    );
+
+    let globex = call(&host, "globex", "secret_leak", json!({})).await;
+    let message = globex.result.unwrap_err().to_string();
+    assert!(
+        !message.contains("tok-8c1f2e") && message.contains("token  in"),
+        "{message}"
+    );
+    assert!(matches!(
+        host.set_config("acme", "bad key", "v", false),
+        Err(ManageError::ConfigKey(_))
+    ));
+}
+
+#[tokio::test]
+async fn one_tenant_cannot_reach_anothers_tools_through_any_api() {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    host.install("acme", plugin("probe")).await.unwrap();
+    let (version, sha) = version_of(&host, "acme", "count");
+    assert!(host.list("globex").is_empty());
+    assert!(host.describe("globex", "count").is_none());
+    assert_eq!(
+        call(&host, "globex", "count", json!({"key": "k"}))
+            .await
+            .code(),
+        "not_found"
+    );
+    assert!(matches!(
+        host.versions("globex", "count"),
+        Err(ManageError::NotFound(_))
+    ));
+    assert!(matches!(
+        host.rollback("globex", "count", Some(1)),
+        Err(ManageError::NotFound(_))
+    ));
+    assert!(!host.remove("globex", "count").unwrap());
+    // globex installing the same component makes globex's own tool; acme's is untouched.
+    host.install("globex", variant("probe", "globex"))
+        .await
+        .unwrap();
+    assert_eq!(version_of(&host, "acme", "count"), (version, sha));
+    assert_eq!(version_of(&host, "globex", "count").0, 1);
+    assert!(host.remove("globex", "count").unwrap());
+    assert!(host.describe("acme", "count").is_some());
+    assert!(host.config("globex").unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn names_that_differ_only_in_case_are_refused() {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    let schema = json!({"type": "object"});
+    host.natives()
+        .register(
+            ToolSpec::new("Text_Stats", "Native.", schema),
+            |_, _, _| async { Ok(Value::Null) },
+        )
+        .unwrap();
+    let refused = host.install("acme", plugin("text_stats")).await;
+    assert!(
+        matches!(&refused, Err(InstallError::CaseConflict { name, existing }) if name == "text_stats" && existing == "Text_Stats"),
+        "{refused:?}"
+    );
+    assert!(
+        host.list("acme")
+            .iter()
+            .all(|t| t.spec.name != "text_stats")
+    );
+}
+
+#[tokio::test]
+async fn loaded_components_stay_under_the_cap() {
+    let host = Host::open(HostConfig {
+        max_loaded_components: 1,
+        ..crate::plugins::config()
+    })
+    .unwrap();
+    host.install("acme", plugin("unit_convert")).await.unwrap();
+    host.install("acme", plugin("json_query")).await.unwrap();
+    for _ in 0..3 {
+        let a = call(
+            &host,
+            "acme",
+            "convert_units",
+            json!({"value": 1, "from": "m", "to": "cm"}),
+        )
+        .await;
+        assert!(a.result.is_ok());
+        let b = call(
+            &host,
+            "acme",
+            "json_query",
+            json!({"document": [1], "path": "$[0]"}),
+        )
+        .await;
+        assert!(b.result.is_ok());
+        assert_eq!(host.loaded_components(), 1);
+    }
+}
+
+#[test]
+fn a_data_directory_that_cannot_be_used_gets_a_clear_error() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let error = Host::open(persistent(&file.path().join("data")))
+        .err()
+        .expect("not a directory");
+    let message = error.to_string();
+    assert!(
+        message.contains("cannot open the data directory"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&file.path().display().to_string()),
+        "{message}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Host::open(persistent(dir.path())).unwrap();
+    let second = Host::open(persistent(dir.path())).err().expect("locked");
+    assert!(
+        second
+            .to_string()
+            .contains("in use by another toolhost process"),
+        "{second}"
+    );
+}
+
+#[tokio::test]
+async fn a_damaged_artifact_is_recompiled_never_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        host.install("acme", plugin("unit_convert")).await.unwrap();
+    }
+    let artifacts = |db: &sled::Db| db.open_tree("artifacts").unwrap();
+    // A dropped store's flusher thread lets go of sled's lock a moment after the drop.
+    let open = || {
+        for _ in 0..100 {
+            if let Ok(db) = sled::open(dir.path().join("db")) {
+                return db;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("the store stayed locked");
+    };
+    {
+        let db = open();
+        let tree = artifacts(&db);
+        let (key, value) = tree.iter().next().unwrap().unwrap();
+        let mut damaged = value.to_vec();
+        let middle = damaged.len() / 2;
+        damaged[middle] ^= 0xff;
+        tree.insert(key, damaged).unwrap();
+        db.flush().unwrap();
+    }
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        let out = call(
+            &host,
+            "acme",
+            "convert_units",
+            json!({"value": 3, "from": "ft", "to": "in"}),
+        )
+        .await;
+        assert_eq!(out.result.unwrap()["value"], json!(36.0));
+    }
+    let db = open();
+    let (_, value) = artifacts(&db).iter().next().unwrap().unwrap();
+    use sha2::Digest;
+    assert_eq!(
+        sha2::Sha256::digest(&value[32..])[..],
+        value[..32],
+        "rewritten, valid again"
+    );
+}
+
+#[test]
+fn the_cli_lists_versions_rolls_back_and_keeps_secrets_secret() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let data = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], stdin: Option<&str>| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+            .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input
+            .write_all(stdin.unwrap_or_default().as_bytes())
+            .unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    for (i, tag) in ["v1", "v2"].into_iter().enumerate() {
+        let path = files.path().join(format!("{i}.wasm"));
+        std::fs::write(&path, variant("probe", tag)).unwrap();
+        assert_eq!(run(&["install", path.to_str().unwrap()], None).0, Some(0));
+    }
+    let (code, stdout, _) = run(&["versions", "count"], None);
+    assert_eq!(code, Some(0));
+    let marks: Vec<&str> = stdout.lines().map(|l| &l[..5]).collect();
+    assert_eq!(marks, ["*   2", "    1"], "{stdout}");
+    assert_eq!(
+        run(&["rollback", "count"], None).1,
+        "count is now at version 1\n"
+    );
+    let (code, _, stderr) = run(&["rollback", "count"], None);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("no earlier version"), "{stderr}");
+
+    assert_eq!(
+        run(
+            &["config", "set", "API_TOKEN", "--secret"],
+            Some("tok-from-stdin\n")
+        )
+        .0,
+        Some(0)
+    );
+    assert_eq!(run(&["config", "set", "REGION", "eu"], None).0, Some(0));
+    assert_eq!(
+        run(&["config", "list"], None).1,
+        "API_TOKEN = (secret)\nREGION = eu\n"
+    );
+    let (code, _, stderr) = run(&["call", "secret_leak", "{}"], None);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        stderr,
+        "error[tool_error]: tool error: upstream rejected token [redacted] in eu\n"
+    );
+}
+
+#[tokio::test]
+async fn a_read_only_data_directory_gets_a_clear_error_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        host.install("acme", plugin("unit_convert")).await.unwrap();
+    }
+    // Root ignores permission bits, not the immutable flag. Cleared again even on panic.
+    struct Immutable<'a>(&'a std::path::Path);
+    impl Drop for Immutable<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("chattr")
+                .arg("-R")
+                .arg("-i")
+                .arg(self.0)
+                .status();
+        }
+    }
+    let guard = Immutable(dir.path());
+    let set = std::process::Command::new("chattr")
+        .arg("-R")
+        .arg("+i")
+        .arg(dir.path())
+        .status();
+    assert!(
+        set.is_ok_and(|s| s.success()),
+        "chattr +i failed: this test needs a filesystem with immutable files (ext4 here)"
+    );
+    let refused = Host::open(persistent(dir.path()));
+    drop(guard);
+    let message = refused
+        .err()
+        .expect("a read-only directory is refused")
+        .to_string();
+    assert!(
+        message.contains("cannot open the data directory"),
+        "{message}"
+    );
+
+    let host = Host::open(persistent(dir.path())).unwrap();
+    let out = call(
+        &host,
+        "acme",
+        "convert_units",
+        json!({"value": 2, "from": "h", "to": "min"}),
+    )
+    .await;
+    assert_eq!(
+        out.result.unwrap()["value"],
+        json!(120.0),
+        "nothing was lost"
+    );
+}
+
+#[test]
+fn an_invalid_cache_key_path_is_rejected_naming_the_field() {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    let mut spec = ToolSpec::new("lookup", "Looks up.", json!({"type": "object"}));
+    spec.cache = Some(toolhost::CachePolicy {
+        ttl_ms: 1000,
+        key_path: "$.items[*].id".into(),
+    });
+    let error = host
+        .natives()
+        .register(spec, |_, _, _| async { Ok(Value::Null) })
+        .expect_err("wildcards cannot key a cache");
+    assert!(
+        error
+            .to_string()
+            .starts_with("tool `lookup`: cache.key_path: "),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_installs_of_one_tool_each_get_their_own_version() {
+    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    host.install("acme", plugin("unit_convert")).await.unwrap(); // compiled once
+    let installs: Vec<_> = (0..8)
+        .map(|i| {
+            let host = host.clone();
+            tokio::spawn(async move {
+                host.install("acme", variant("unit_convert", &format!("c{i}")))
+                    .await
+            })
+        })
+        .collect();
+    for install in installs {
+        install.await.unwrap().unwrap();
+    }
+    let versions: Vec<u32> = host
+        .versions("acme", "convert_units")
+        .unwrap()
+        .versions
+        .iter()
+        .map(|v| v.version)
+        .collect();
+    assert_eq!(versions, (1..=9).collect::<Vec<_>>());
+}
