@@ -7,6 +7,7 @@
 //! component.
 
 #[path = "../../../tests/it/plugins.rs"]
+#[allow(dead_code)] // not every user of the helpers needs all of them
 mod plugins;
 
 use std::time::{Duration, Instant};
