@@ -107,12 +107,23 @@ pub(crate) struct Catalog {
 
 impl Catalog {
     /// Every tenant's tools as stored. A stored tool that no longer passes the rules is
-    /// skipped, loudly, rather than refusing to start.
+    /// skipped, loudly, rather than refusing to start. The JS runtime new JS tools are
+    /// installed on is stored once, like any component, and compiled on first use.
     pub fn load(
         store: Arc<dyn Store>,
         components: Arc<Components>,
-        js_runtime: Option<String>,
+        js_runtime: Option<&[u8]>,
     ) -> Result<Self, StoreError> {
+        let js_runtime = match js_runtime {
+            Some(bytes) => {
+                let sha = sha256_hex(bytes);
+                if store.blob(&sha)?.is_none() {
+                    store.put_blob(&sha, bytes)?;
+                }
+                Some(sha)
+            }
+            None => None,
+        };
         let tools = TenantTools::default();
         for entry in store.tool_entries()? {
             match tenant_tool(&entry) {

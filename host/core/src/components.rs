@@ -2,6 +2,7 @@
 //! content and engine (the artifact kept in the store), loaded on first use, and held in a
 //! bounded cache. Concurrent first calls of one component load it once.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use toolhost_sandbox::LoadError;
@@ -10,7 +11,7 @@ use toolhost_spec::digest::sha256_hex;
 use toolhost_store::{Store, StoreError};
 
 use crate::artifacts::ArtifactDir;
-use crate::error::InstallError;
+use crate::error::{InstallError, OpenError};
 use crate::metrics::{ComponentSource, Metrics};
 
 pub(crate) struct Components {
@@ -37,16 +38,27 @@ impl Components {
         sandbox: Arc<Sandbox>,
         store: Arc<dyn Store>,
         max_loaded: usize,
-        artifact_dir: Option<ArtifactDir>,
+        artifact_dir: Option<&Path>,
         metrics: Arc<Metrics>,
-    ) -> Self {
-        Components {
+    ) -> Result<Self, OpenError> {
+        let artifact_dir = match artifact_dir {
+            Some(path) => {
+                Some(
+                    ArtifactDir::open(path).map_err(|error| OpenError::ArtifactDir {
+                        path: path.to_owned(),
+                        error,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        Ok(Components {
             sandbox,
             store,
             loaded: quick_cache::sync::Cache::new(max_loaded.max(1)),
             artifact_dir,
             metrics,
-        }
+        })
     }
 
     pub fn sandbox(&self) -> &Sandbox {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use serde_json::Value;
 use toolhost_sandbox::Sandbox;
 use toolhost_spec::call::{CallOutcome, Caller};
-use toolhost_spec::digest::sha256_hex;
 use toolhost_spec::export::Format;
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::ToolSpec;
@@ -15,7 +14,6 @@ use toolhost_store::{KeyRecord, SledStore, Store, StoreError, ToolEntry, now_ms}
 
 use crate::admission::Admission;
 use crate::approval::{ApprovalError, Approvals, PendingCall};
-use crate::artifacts::ArtifactDir;
 use crate::catalog::{Catalog, ToolInfo};
 use crate::components::Components;
 use crate::config::HostConfig;
@@ -51,35 +49,14 @@ impl Host {
         let sandbox =
             Sandbox::new(config.sandbox).map_err(|e| OpenError::Engine(format!("{e:#}")))?;
         let metrics = Arc::new(Metrics::default());
-        let artifact_dir = match &config.artifact_dir {
-            Some(path) => {
-                Some(
-                    ArtifactDir::open(path).map_err(|error| OpenError::ArtifactDir {
-                        path: path.clone(),
-                        error,
-                    })?,
-                )
-            }
-            None => None,
-        };
         let components = Arc::new(Components::new(
             Arc::new(sandbox),
             store.clone(),
             config.max_loaded_components,
-            artifact_dir,
+            config.artifact_dir.as_deref(),
             metrics.clone(),
-        ));
-        // Stored once, like any component; compiled on first use and its artifact kept.
-        let js_runtime = match &config.js_runtime {
-            Some(bytes) => {
-                let sha = sha256_hex(bytes);
-                if store.blob(&sha)?.is_none() {
-                    store.put_blob(&sha, bytes)?;
-                }
-                Some(sha)
-            }
-            None => None,
-        };
+        )?);
+        let js_runtime = config.js_runtime.as_deref();
         let catalog = Arc::new(Catalog::load(
             store.clone(),
             components.clone(),
