@@ -296,6 +296,17 @@ async fn retries_back_off_exponentially_and_honour_retry_after() {
     let out = call(&host, "flaky", json!({})).await;
     assert!(tool_error(&out).starts_with("HTTP 502"));
     assert_eq!(server.seen().len(), 9);
+
+    // A Retry-After no deadline can wait for ends the call with the answer, at once, and
+    // the host goes on serving (it once panicked the request task).
+    let mut forever = reply(429, "{}");
+    forever
+        .headers
+        .push(("retry-after", "18446744073709551615".into()));
+    server.script([forever]);
+    let out = call(&host, "limited", json!({})).await;
+    assert!(tool_error(&out).starts_with("HTTP 429"), "{:?}", out.result);
+    assert_eq!(server.seen().len(), 10, "no retry");
 }
 
 #[tokio::test]

@@ -113,6 +113,28 @@ async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() 
     let text: Value = serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
     assert_eq!(text, result["structuredContent"]);
 
+    // Nagle's algorithm against a client's delayed ACK costs >= 40 ms on every request of a
+    // kept-alive connection unless the server sets TCP_NODELAY: even the fastest of five
+    // pings would be that slow. Python's http.client is such a client (Node's fetch sets
+    // TCP_NODELAY on its own side, which hides the problem).
+    let keepalive = Command::new("python3")
+        .arg(client_dir().join("keepalive.py"))
+        .args([&addr, &key])
+        .output()
+        .await
+        .expect("python3 is installed");
+    let stdout = String::from_utf8_lossy(&keepalive.stdout);
+    assert!(
+        keepalive.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&keepalive.stderr)
+    );
+    let fastest: f64 = stdout.trim().parse().unwrap();
+    assert!(
+        fastest < 20.0,
+        "fastest MCP ping on a kept-alive connection: {fastest} ms"
+    );
+
     let bad = next_step(&mut lines, "bad_args").await;
     assert_eq!(bad["result"]["isError"], true);
     assert!(

@@ -11,7 +11,7 @@ use toolhost_sandbox::GuestToolDef;
 use toolhost_spec::digest::sha256_hex;
 use toolhost_spec::export::{self, Format};
 use toolhost_spec::schema::ArgsValidator;
-use toolhost_spec::spec::{CachePolicy, Limits, SpecError, ToolSpec};
+use toolhost_spec::spec::{CachePolicy, Limits, RESERVED_NAMES, SpecError, ToolSpec};
 use toolhost_store::{SourceKind, Store, StoreError, ToolEntry, now_ms};
 
 use crate::components::Components;
@@ -301,6 +301,9 @@ impl Catalog {
         let name = &spec.name;
         if self.natives.get(name).is_some() {
             return Err(InstallError::NativeName(name.clone()));
+        }
+        if RESERVED_NAMES.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+            return Err(InstallError::ReservedName(name.clone()));
         }
         let twin = self
             .natives

@@ -45,6 +45,8 @@ pub enum InstallError {
     JsSource(String),
     #[error("tool `{0}`: the name belongs to a native tool of this host")]
     NativeName(String),
+    #[error("tool `{0}`: the name is reserved for the host's tool-search bridges")]
+    ReservedName(String),
     #[error("tool `{name}`: differs only in case from the existing tool `{existing}`")]
     CaseConflict { name: String, existing: String },
     #[error(transparent)]

@@ -528,7 +528,11 @@ pub(crate) async fn call(
             }) => *after,
             _ => delay,
         };
-        if !retryable || attempt >= retry.max_attempts || Instant::now() + wait >= deadline {
+        // Checked: a remote `Retry-After` of 2^64 - 1 seconds overflows an `Instant`.
+        let past_deadline = Instant::now()
+            .checked_add(wait)
+            .is_none_or(|resume| resume >= deadline);
+        if !retryable || attempt >= retry.max_attempts || past_deadline {
             return finish(result, helpers);
         }
         helpers.log(
@@ -540,7 +544,8 @@ pub(crate) async fn call(
         );
         tokio::time::sleep(wait).await;
         attempt += 1;
-        delay = delay.mul_f64(retry.exponential_factor);
+        delay = Duration::try_from_secs_f64(delay.as_secs_f64() * retry.exponential_factor)
+            .unwrap_or(Duration::MAX);
     }
 }
 
@@ -927,5 +932,9 @@ mod tests {
         let past = "Sun, 06 Nov 1994 08:49:37 GMT";
         assert_eq!(parse_retry_after(past), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon"), None);
+        // Remote input: the largest value parses, and waiting for it is simply past any
+        // deadline (a panic here once killed the request task).
+        let forever = parse_retry_after("18446744073709551615").unwrap();
+        assert!(Instant::now().checked_add(forever).is_none());
     }
 }

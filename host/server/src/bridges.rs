@@ -13,9 +13,7 @@ use toolhost::schema::ArgError;
 use toolhost::{CallError, CallOutcome, Caller, Host, Store, ToolSpec};
 use toolhost_search::{Index, SentenceEncoder, ToolVectors, VectorCache};
 
-pub const TOOL_SEARCH: &str = "tool_search";
-pub const TOOL_DESCRIBE: &str = "tool_describe";
-pub const TOOL_CALL: &str = "tool_call";
+pub use toolhost::spec::{TOOL_CALL, TOOL_DESCRIBE, TOOL_SEARCH};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

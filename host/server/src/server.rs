@@ -16,6 +16,7 @@ use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -138,6 +139,13 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
     let app = router_with_shutdown(host, options, stop.clone());
+    // Without it, a response written in pieces (an MCP event stream) waits out the client's
+    // delayed ACK: ~40 ms a request on a keep-alive connection.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "TCP_NODELAY not set");
+        }
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
@@ -204,9 +212,9 @@ impl From<InstallError> for ApiError {
                 (StatusCode::UNPROCESSABLE_ENTITY, "invalid_component")
             }
             InstallError::Spec(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_spec"),
-            InstallError::NativeName(_) | InstallError::CaseConflict { .. } => {
-                (StatusCode::CONFLICT, "name_conflict")
-            }
+            InstallError::NativeName(_)
+            | InstallError::ReservedName(_)
+            | InstallError::CaseConflict { .. } => (StatusCode::CONFLICT, "name_conflict"),
             InstallError::Tenant(_) => (StatusCode::BAD_REQUEST, "invalid_tenant"),
             InstallError::Store(_) => return Self::internal(error),
         };

@@ -186,6 +186,14 @@ impl SpecError {
     }
 }
 
+/// The progressive-disclosure bridges an agent may be shown (served by `toolhost-server`).
+pub const TOOL_SEARCH: &str = "tool_search";
+pub const TOOL_DESCRIBE: &str = "tool_describe";
+pub const TOOL_CALL: &str = "tool_call";
+/// Names no tenant tool may take: a call by one of them reaches the bridge, so a tenant tool
+/// under it would be listed but never called.
+pub const RESERVED_NAMES: [&str; 3] = [TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL];
+
 /// `^[a-zA-Z0-9_-]{1,64}$`, without a regex engine.
 pub fn is_valid_name(name: &str) -> bool {
     (1..=MAX_NAME_CHARS).contains(&name.len())
