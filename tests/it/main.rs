@@ -6,6 +6,7 @@ mod disclosure;
 mod e2e;
 mod grants;
 mod http_tools;
+mod isolation;
 mod js_tools;
 mod mcp;
 mod pipeline;

@@ -1,12 +1,48 @@
-//! The rate and concurrency gates every call passes before it runs: per-tenant token
-//! buckets and running-call counters, read from the tenant's [`TenantPolicy`].
+//! The gates every call passes before it runs: per-tenant token buckets and running-call
+//! counters, read from the tenant's [`TenantPolicy`], which refuse; and each tenant's share
+//! of the host ([`Shares`]), which queues.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
 use toolhost_spec::policy::TenantPolicy;
+
+/// Each tenant's share of the host: at most `per_tenant` call trees (a direct call and the
+/// calls it nests) run at once; its further calls wait in the tenant's own queue, first come
+/// first served, within their own timeout. One tenant's flood queues behind itself, never in
+/// front of another tenant's calls, and with nesting at most `MAX_NESTING_DEPTH` deep it can
+/// never hold every instance slot.
+pub struct Shares {
+    per_tenant: usize,
+    tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl Shares {
+    pub fn new(per_tenant: u32) -> Self {
+        Shares {
+            per_tenant: per_tenant.max(1) as usize,
+            tenants: Mutex::default(),
+        }
+    }
+
+    /// A place among the tenant's running call trees, or `None` if `deadline` passed first.
+    pub async fn enter(&self, tenant: &str, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+        let queue = {
+            let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+            let queue = tenants.entry(tenant.to_owned());
+            queue
+                .or_insert_with(|| Arc::new(Semaphore::new(self.per_tenant)))
+                .clone()
+        };
+        let entered = tokio::time::timeout_at(deadline.into(), queue.acquire_owned()).await;
+        // The semaphore is never closed.
+        entered.ok()?.ok()
+    }
+}
 
 /// Why a call was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +135,27 @@ mod tests {
 
     fn policy(json: serde_json::Value) -> TenantPolicy {
         serde_json::from_value(json).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_tenant_over_its_share_waits_and_other_tenants_do_not() {
+        let shares = Shares::new(2);
+        let soon = || Instant::now() + std::time::Duration::from_millis(50);
+        let first = shares.enter("a", soon()).await.unwrap();
+        let _second = shares.enter("a", soon()).await.unwrap();
+        assert!(
+            shares.enter("a", soon()).await.is_none(),
+            "the third waits, then times out"
+        );
+        assert!(
+            shares.enter("b", soon()).await.is_some(),
+            "another tenant has its own"
+        );
+        drop(first);
+        assert!(
+            shares.enter("a", soon()).await.is_some(),
+            "a place was freed"
+        );
     }
 
     #[test]

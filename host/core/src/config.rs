@@ -28,6 +28,11 @@ pub struct HostConfig {
     pub artifact_dir: Option<PathBuf>,
     /// The store's page cache, in bytes.
     pub store_cache_bytes: u64,
+    /// Call trees (a direct call and the calls it nests) one tenant may run at once; its
+    /// further calls wait in the tenant's own queue, within their timeout. Times the nesting
+    /// depth (5 levels), it stays under `sandbox.max_instances`, so other tenants always find
+    /// instance slots.
+    pub tenant_share: u32,
     /// The policy of every tenant that has none of its own (`Host::set_policy`).
     pub default_policy: TenantPolicy,
     /// Where outbound requests may go.
@@ -47,6 +52,7 @@ impl Default for HostConfig {
             max_loaded_components: 256,
             artifact_dir: None,
             store_cache_bytes: 64 << 20,
+            tenant_share: 8,
             default_policy: TenantPolicy::default(),
             egress: EgressConfig::default(),
             files_dir: None,

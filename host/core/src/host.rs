@@ -12,7 +12,7 @@ use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::ToolSpec;
 use toolhost_store::{KeyRecord, SledStore, Store, StoreError, ToolEntry, now_ms};
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Shares};
 use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::catalog::{Catalog, ToolInfo};
 use crate::components::Components;
@@ -82,6 +82,7 @@ impl Host {
             approvals: Approvals::load(store.clone())?,
             store,
             admission: Admission::default(),
+            shares: Shares::new(config.tenant_share),
             hooks: Default::default(),
             metrics,
             call_ids: Default::default(),

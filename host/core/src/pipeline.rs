@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use serde_json::Value;
+use tokio::sync::OwnedSemaphorePermit;
 use toolhost_sandbox::{Helpers, NestedCall, NestedReply};
 use toolhost_spec::call::{CallContext, CallError, CallOutcome, Caller};
 use toolhost_spec::clip::clip;
@@ -19,7 +20,7 @@ use toolhost_spec::policy::{Decision, TenantPolicy};
 use toolhost_spec::spec::Limits;
 use toolhost_store::{Store, now_ms};
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Shares};
 use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::catalog::{Catalog, Resolved};
 use crate::config::MAX_NESTING_DEPTH;
@@ -65,6 +66,7 @@ pub(crate) struct Pipeline {
     pub exec: Executors,
     pub store: Arc<dyn Store>,
     pub admission: Admission,
+    pub shares: Shares,
     pub hooks: RwLock<Vec<Arc<dyn CallHook>>>,
     pub approvals: Approvals,
     pub metrics: Arc<Metrics>,
@@ -213,13 +215,45 @@ impl Pipeline {
             });
         } else if needs_approval {
             outcome.result = Err(self.hold(ctx, &spec.name, args.clone()));
-        } else {
+        } else if let Some(first) = self.enter_share(tool, ctx, budget, outcome).await {
             let call = (helpers, ctx, &*policy);
-            self.run(tool, args.clone(), call, budget, outcome).await;
+            self.run(tool, args.clone(), call, (first, budget), outcome)
+                .await;
         }
         for hook in &hooks {
             hook.after(&hook_call, outcome);
         }
+    }
+
+    /// A direct call waits for a place in its tenant's share, within its timeout; a nested
+    /// call runs in its caller's. The budget of the first attempt (its timeout counts the
+    /// wait), or `None` with the outcome set to `timeout`.
+    async fn enter_share(
+        &self,
+        tool: &Resolved,
+        ctx: &CallContext,
+        budget: Budget,
+        outcome: &mut CallOutcome,
+    ) -> Option<(Budget, Option<OwnedSemaphorePermit>)> {
+        if budget.depth > 0 {
+            return Some((budget, None));
+        }
+        let limits = &tool.spec().limits;
+        let queued = Instant::now();
+        let deadline = queued + limits.timeout();
+        let entered = self.shares.enter(&ctx.tenant, deadline).await;
+        outcome.queued = queued.elapsed();
+        let Some(place) = entered else {
+            outcome.result = Err(CallError::Timeout {
+                limit_ms: limits.timeout_ms,
+            });
+            return None;
+        };
+        let first = Budget {
+            deadline: Some(deadline),
+            ..budget
+        };
+        Some((first, Some(place)))
     }
 
     /// Holds a call for approval: the error the caller gets now.
@@ -249,7 +283,8 @@ impl Pipeline {
         tool: &Resolved,
         args: Value,
         (helpers, ctx, policy): (&Helpers, &CallContext, &TenantPolicy),
-        budget: Budget,
+        // The first attempt's budget (with the share's place it holds), then the call's.
+        ((first, _place), budget): ((Budget, Option<OwnedSemaphorePermit>), Budget),
         outcome: &mut CallOutcome,
     ) {
         let spec = tool.spec();
@@ -280,8 +315,11 @@ impl Pipeline {
         let mut result = Err(CallError::Timeout { limit_ms: 0 });
         for attempt in 0..=retries {
             outcome.retries = attempt;
-            // Narrowed again on each attempt: a nested call stays within its caller's time.
-            let limits = budget.narrow(&spec.limits);
+            // Narrowed again on each attempt: a nested call stays within its caller's time,
+            // and a first attempt within what queueing left of its timeout.
+            let limits = if attempt == 0 { first } else { budget }.narrow(&spec.limits);
+            // A timeout names the limit the call had, not what queueing left of it.
+            let limit_ms = budget.narrow(&spec.limits).timeout_ms;
             result = match tool {
                 Resolved::Native(native) => {
                     let (args, helpers) = (args.clone(), helpers.clone());
@@ -300,8 +338,9 @@ impl Pipeline {
                     result
                 }
             };
-            if !matches!(result, Err(CallError::Timeout { .. })) {
-                break;
+            match &mut result {
+                Err(CallError::Timeout { limit_ms: named }) => *named = limit_ms,
+                _ => break,
             }
         }
         outcome.result = match result {

@@ -70,6 +70,9 @@ const TABLES_PER_COMPONENT: u32 = 32;
 pub struct SandboxConfig {
     /// Instances alive at once; more calls wait for a slot. Sizes the pooling allocator.
     pub max_instances: u32,
+    /// The memory limits of all live instances together, in bytes: a call whose
+    /// `memory_bytes` does not fit waits (within its timeout) instead of the host running out.
+    pub memory_budget_bytes: u64,
     /// How often the epoch advances: the granularity of timeouts and of guest yields.
     pub epoch_tick: Duration,
     /// Largest component accepted, in bytes.
@@ -80,6 +83,8 @@ impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {
             max_instances: 64,
+            // A third of this kind of machine (24 GiB): 16 calls at the 512 MiB cap.
+            memory_budget_bytes: 8 << 30,
             epoch_tick: Duration::from_millis(5),
             max_component_bytes: 64 << 20,
         }
@@ -203,6 +208,8 @@ pub struct Sandbox {
     engine: Engine,
     linker: Linker<CallState>,
     slots: Semaphore,
+    /// The memory budget in MiB: each instance holds its `memory_bytes`, rounded up.
+    memory_mib: Semaphore,
     config: SandboxConfig,
     fingerprint: String,
     /// Dropping it stops the epoch ticker.
@@ -228,6 +235,7 @@ impl Sandbox {
         let ticker = spawn_epoch_ticker(engine.clone(), config.epoch_tick);
         Ok(Sandbox {
             slots: Semaphore::new(config.max_instances as usize),
+            memory_mib: Semaphore::new(mib(config.memory_budget_bytes) as usize),
             engine,
             linker,
             config,
@@ -393,14 +401,27 @@ impl Sandbox {
             -> Pin<Box<dyn Future<Output = wasmtime::Result<T>> + Send + 's>>
         + Send,
     ) -> Run<T> {
-        // Closed only if the sandbox is dropped, which cannot happen while `&self` lives.
-        let Ok(_slot) = self.slots.acquire().await else {
-            return Run {
-                result: Err(Fault::Host("the sandbox is shutting down".into())),
-                fuel_used: 0,
-            };
-        };
+        // Waiting for a slot and for memory counts against the call's time.
         let deadline = Instant::now() + limits.timeout();
+        let memory = mib(limits.memory_bytes).min(mib(self.config.memory_budget_bytes));
+        let admitted = tokio::time::timeout_at(deadline.into(), async {
+            let slot = self.slots.acquire().await;
+            let memory = self.memory_mib.acquire_many(memory as u32).await;
+            (slot, memory)
+        });
+        let (_slot, _memory) = match admitted.await {
+            Err(_elapsed) => {
+                return Run {
+                    result: Err(Fault::Timeout),
+                    fuel_used: 0,
+                };
+            }
+            // Closed only if the sandbox is dropped, which cannot happen while `&self` lives.
+            Ok((Err(_), _) | (_, Err(_))) => {
+                return Run::host_fault("the sandbox is shutting down");
+            }
+            Ok((Ok(slot), Ok(memory))) => (slot, memory),
+        };
         let mut store = match new_store(&self.engine, limits, helpers, permissions, deadline) {
             Ok(store) => store,
             Err(message) => {
@@ -467,6 +488,11 @@ fn fingerprint(engine: &Engine) -> String {
     let mut hasher = Sha(Sha256::new());
     std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut hasher);
     hex(&hasher.0.finalize())
+}
+
+/// Bytes in whole MiB, rounded up: the unit of the memory budget.
+fn mib(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20)
 }
 
 /// One ticker per engine. Stops when the returned sender is dropped.

@@ -467,6 +467,7 @@ fn outcome_body(outcome: CallOutcome) -> Value {
         "cache_hit": outcome.cache_hit,
         "retries": outcome.retries,
         "duration_ms": outcome.duration.as_secs_f64() * 1e3,
+        "queued_ms": outcome.queued.as_secs_f64() * 1e3,
         "fuel_used": outcome.fuel_used,
         "log": outcome.log,
     });

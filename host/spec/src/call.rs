@@ -151,6 +151,9 @@ pub struct CallOutcome {
     pub fuel_used: Option<u64>,
     /// Times the call was run again after a timeout (`retry_count_on_stall`).
     pub retries: u32,
+    /// How long it waited for its tenant's share of the host; part of its `duration` and
+    /// of its first attempt's timeout.
+    pub queued: Duration,
 }
 
 impl CallOutcome {
@@ -166,6 +169,7 @@ impl CallOutcome {
             duration: Duration::default(),
             fuel_used: None,
             retries: 0,
+            queued: Duration::default(),
         }
     }
 

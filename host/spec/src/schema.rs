@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+pub mod cost;
+
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -65,6 +67,7 @@ pub fn compile(parameters: &Value, strict: bool) -> Result<ArgsValidator, String
     if depth(parameters) > MAX_SCHEMA_DEPTH {
         return Err(format!("must nest at most {MAX_SCHEMA_DEPTH} levels deep"));
     }
+    cost::check(parameters)?;
     let top = parameters
         .as_object()
         .ok_or("must be a JSON Schema object")?;
@@ -77,6 +80,9 @@ pub fn compile(parameters: &Value, strict: bool) -> Result<ArgsValidator, String
     }
     let validator = jsonschema::options()
         .with_retriever(NoExternalRefs)
+        // Linear-time matching: a backtracking engine lets one `pattern` take a worker for
+        // minutes. Look-around and backreferences are refused at install.
+        .with_pattern_options(jsonschema::PatternOptions::regex())
         .should_validate_formats(true)
         .build(&schema)
         .map_err(|e| format!("not a valid JSON Schema: {e}"))?;
@@ -86,6 +92,10 @@ pub fn compile(parameters: &Value, strict: bool) -> Result<ArgsValidator, String
 impl ArgsValidator {
     /// Every failing place in `args`, up to a bound.
     pub fn validate(&self, args: &Value) -> Result<(), Vec<ArgError>> {
+        // The common case allocates no error reports.
+        if self.validator.is_valid(args) {
+            return Ok(());
+        }
         let errors: Vec<ArgError> = self
             .validator
             .iter_errors(args)
@@ -224,6 +234,21 @@ mod tests {
             deep = json!({"type": "object", "properties": {"a": deep}});
         }
         assert!(compile(&deep, false).unwrap_err().contains("levels"));
+    }
+
+    #[test]
+    fn patterns_are_matched_in_linear_time_and_backtracking_ones_are_refused() {
+        let schema = |pattern: &str| json!({"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}});
+        let v = compile(&schema("^(a+)+$"), false).unwrap();
+        let hostile = format!("{}!", "a".repeat(5000));
+        assert_eq!(paths(&v, json!({"s": hostile})), vec!["/s"]);
+        for backtracking in [r"^(?=(a+)+$)a*$", r"^(a+)\1$"] {
+            let err = compile(&schema(backtracking), false).unwrap_err();
+            assert!(
+                err.contains("not a valid JSON Schema"),
+                "{backtracking}: {err}"
+            );
+        }
     }
 
     #[test]

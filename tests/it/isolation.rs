@@ -1,0 +1,113 @@
+//! What one tenant can do to another: a flood of calls, nested calls that could wedge the
+//! instance pool, and schemas built to be costly. The worst tenant plays against a
+//! well-behaved one, which must keep being served.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use toolhost::{Caller, Host, HostConfig, InstallError};
+
+fn js_tool(name: &str, timeout_ms: u64, body: &str) -> String {
+    format!(
+        "export const spec = {{ name: {name:?}, description: 'A test tool.', \
+         parameters: {{ type: 'object' }}, limits: {{ timeout_ms: {timeout_ms} }} }};\n\
+         export default function (args, ctx) {{\n{body}\n}}\n"
+    )
+}
+
+/// The issue's burst: 100 concurrent calls of a tool that works for a second and then calls
+/// another tool. Each holds an instance while its nested call needs another; once every
+/// slot was held by a caller, nothing ran again (and other tenants hung with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_nested_calls_ends_in_time_and_other_tenants_are_served_throughout() {
+    let host = Arc::new(
+        Host::open(HostConfig {
+            js_runtime: Some(crate::plugins::js_runtime()),
+            ..crate::plugins::config()
+        })
+        .unwrap(),
+    );
+    let inner = js_tool("inner", 3000, "return { ok: 1 };");
+    let outer = js_tool(
+        "outer",
+        3000,
+        "const t = Date.now(); while (Date.now() - t < 1000) {} return toolhost.callTool('inner', {});",
+    );
+    host.install_js("acme", &inner).await.unwrap();
+    host.install_js("acme", &outer).await.unwrap();
+    host.install("globex", crate::plugins::plugin("text_stats"))
+        .await
+        .unwrap();
+
+    let burst: Vec<_> = (0..100)
+        .map(|_| {
+            let host = host.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let out = host.call(&Caller::tenant("acme"), "outer", json!({})).await;
+                (out, started.elapsed())
+            })
+        })
+        .collect();
+    // The other tenant calls all through the burst; every call must be answered.
+    let mut answered = 0;
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let out = host
+            .call(
+                &Caller::tenant("globex"),
+                "text_stats",
+                json!({"text": "still here"}),
+            )
+            .await;
+        assert_eq!(
+            out.code(),
+            "ok",
+            "globex during acme's burst: {:?}",
+            out.result
+        );
+        answered += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(answered > 10, "{answered}");
+    let (mut ok, mut timed_out) = (0, 0);
+    for call in burst {
+        let (out, took) = call.await.unwrap();
+        assert!(
+            took < Duration::from_secs(4),
+            "a call took {took:?}: its timeout is 3 s"
+        );
+        match out.code() {
+            "ok" => ok += 1,
+            "timeout" => timed_out += 1,
+            other => panic!("{other}: {:?}", out.result),
+        }
+    }
+    // Some ran to the end (the queue moves), the rest ended at their deadline.
+    assert!(ok > 0, "ok {ok}, timeout {timed_out}");
+}
+
+/// A 1 KB schema whose check costs 2^20 subschemas once took seconds and gigabytes per call;
+/// with `$refs` that double, a 47-byte call grew memory until the host aborted.
+#[tokio::test]
+async fn schemas_too_costly_to_check_are_refused_at_install_naming_the_rule() {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    let mut branch = json!({"type": "string", "minLength": 3});
+    for _ in 0..20 {
+        branch = json!({"anyOf": [{"type": "integer"}, branch]});
+    }
+    assert!(branch.to_string().len() < 1024);
+    let spec = json!({"name": "costly", "description": "An exponential schema.",
+                      "parameters": {"type": "object", "properties": {"a": branch}}});
+    let def =
+        json!({"spec": spec, "request": {"method": "get", "url": "https://api.example.com/"}});
+    let error = host
+        .install_http("acme", serde_json::from_value(def).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(&error, InstallError::Spec(e) if e.to_string().contains("too costly")),
+        "{error}"
+    );
+    assert!(host.list("acme").is_empty());
+}
