@@ -308,3 +308,51 @@ async fn outbound_http_reaches_granted_destinations_only() {
     .await;
     assert_eq!(out.result.unwrap()["status"], 200);
 }
+
+/// A tool may plant a symlink inside its writable grant. A second grant whose path runs
+/// through it (here a nested one) once led the host to another tenant's files: grants are now
+/// opened beneath the tenant's root without following any symlink.
+#[tokio::test]
+async fn a_symlink_planted_in_a_grant_leads_nowhere() {
+    let f = fixture(EgressConfig::default()).await;
+    let grants = json!({"*": {"filesystem": [
+        {"dir": "data", "guest": "/data", "write": true},
+        {"dir": "data/sub", "guest": "/sub"}
+    ]}});
+    grant(&f.host, "acme", grants);
+    grant(
+        &f.host,
+        "globex",
+        json!({"*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}}),
+    );
+    probe(
+        &f.host,
+        "globex",
+        "fs_write",
+        json!({"path": "/d/secret.txt", "text": "globex only"}),
+    )
+    .await
+    .unwrap();
+    // What a tool with the writable grant can do: `data/sub` becomes a link to globex's files.
+    let acme = files(&f.host, "acme");
+    std::fs::create_dir_all(acme.join("data")).unwrap();
+    std::os::unix::fs::symlink(files(&f.host, "globex").join("d"), acme.join("data/sub")).unwrap();
+    for (tool, args) in [
+        ("fs_read", json!({"path": "/sub/secret.txt"})),
+        ("fs_list", json!({"path": "/sub"})),
+        ("fs_write", json!({"path": "/sub/planted.txt", "text": "x"})),
+    ] {
+        let out = call(&f.host, "acme", tool, args).await;
+        let shown = format!("{:?}", out.result);
+        assert!(
+            !shown.contains("globex only") && !shown.contains("secret.txt"),
+            "{tool}: {shown}"
+        );
+        assert_eq!(out.code(), "internal", "{tool}: {shown}");
+        assert!(
+            shown.contains("cannot open the granted directory data/sub"),
+            "{shown}"
+        );
+    }
+    assert!(!files(&f.host, "globex").join("d/planted.txt").exists());
+}

@@ -1,9 +1,17 @@
 //! What a tenant's policy grants one tool, as the sandbox's [`Permissions`]: HTTP
 //! destinations, and directories under the tenant's files root (read-only for the call while
 //! the tenant is at its files quota).
+//!
+//! A granted directory is opened beneath the tenant's root one component at a time, never
+//! following a symlink, and handed to the sandbox as that open handle. A tool can plant
+//! symlinks and rename directories inside its writable grants; neither can point another
+//! grant (a nested one, or the next call's) outside the tenant's root.
 
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+
+use rustix::fs::{Mode, OFlags};
 
 use toolhost_sandbox::egress::EgressConfig;
 use toolhost_sandbox::{Helpers, Permissions, Preopen};
@@ -26,6 +34,7 @@ pub fn preopens(grants: &[DirGrant], root: &Path, full: bool) -> Vec<Preopen> {
             host: root.join(&grant.dir),
             guest: grant.guest.clone(),
             write: grant.write && !full,
+            handle: None,
         })
         .collect()
 }
@@ -55,12 +64,15 @@ pub async fn permissions(
         .unwrap_or(DEFAULT_FILES_QUOTA_BYTES);
     let dirs = grants.filesystem;
     let (dirs, used) = tokio::task::spawn_blocking(move || {
-        for dir in &dirs {
-            std::fs::create_dir_all(root.join(&dir.dir))
-                .map_err(|e| format!("cannot create the granted directory {}: {e}", dir.dir))?;
+        std::fs::create_dir_all(&root)
+            .map_err(|e| format!("cannot create the tenant's files directory: {e}"))?;
+        let mut opened = preopens(&dirs, &root, false);
+        for (preopen, grant) in opened.iter_mut().zip(&dirs) {
+            let handle = open_beneath(&root, &grant.dir)
+                .map_err(|e| format!("cannot open the granted directory {}: {e}", grant.dir))?;
+            preopen.handle = Some(Arc::new(handle));
         }
-        let used = bytes_under(&root);
-        Ok::<_, String>((preopens(&dirs, &root, false), used))
+        Ok::<_, String>((opened, bytes_under(&root)))
     })
     .await
     .map_err(|e| e.to_string())??;
@@ -81,6 +93,24 @@ pub async fn permissions(
         })
         .collect();
     Ok(permissions)
+}
+
+/// Opens (creating as needed) `relative` beneath `root`, refusing a symlink at every step.
+fn open_beneath(root: &Path, relative: &str) -> std::io::Result<OwnedFd> {
+    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
+    let mut dir = rustix::fs::open(root, flags, Mode::empty())?;
+    for component in Path::new(relative).components() {
+        // The policy allows plain names only; anything else is refused here too.
+        let Component::Normal(name) = component else {
+            return Err(std::io::Error::other("not a plain relative path"));
+        };
+        match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(error) => return Err(error.into()),
+        }
+        dir = rustix::fs::openat(&dir, name, flags, Mode::empty())?;
+    }
+    Ok(dir)
 }
 
 /// Bytes of the regular files under `root`, not following symlinks.
@@ -126,6 +156,31 @@ mod tests {
         assert_eq!((open[0].write, open[1].write), (true, false));
         assert_eq!(open[1].guest, "/ro");
         assert!(preopens(&grants, root, true).iter().all(|p| !p.write));
+    }
+
+    #[test]
+    fn a_grant_never_resolves_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, outside) = (dir.path().join("root"), dir.path().join("outside"));
+        std::fs::create_dir_all(root.join("data")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        assert!(
+            open_beneath(&root, "data/new/deeper").is_ok(),
+            "created as needed"
+        );
+        assert!(root.join("data/new/deeper").is_dir());
+        std::os::unix::fs::symlink(&outside, root.join("data/link")).unwrap();
+        // `O_NOFOLLOW | O_DIRECTORY` on a symlink: ENOTDIR on Linux, ELOOP elsewhere.
+        let refusals =
+            [rustix::io::Errno::NOTDIR, rustix::io::Errno::LOOP].map(|e| e.raw_os_error());
+        for through in ["data/link", "data/link/sub"] {
+            let error = open_beneath(&root, through).unwrap_err();
+            assert!(
+                refusals.contains(&error.raw_os_error().unwrap()),
+                "{through}: {error}"
+            );
+        }
+        assert!(!outside.join("sub").exists(), "nothing was created outside");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! catalogs or storage.
 
 use std::hash::Hasher;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::{Arc, mpsc};
 use std::task::{Context, Poll};
@@ -164,11 +165,14 @@ pub struct NestedReply {
 }
 
 /// A host directory the guest sees at `guest`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Preopen {
     pub host: std::path::PathBuf,
     pub guest: String,
     pub write: bool,
+    /// The directory, already opened safely by the host: then it is preopened through this
+    /// handle, never by resolving `host` again (which a symlink or a rename could redirect).
+    pub handle: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// A guest run: how it ended and what it cost.
@@ -528,7 +532,12 @@ fn new_store(
             true => FsPerms::ReadWrite,
             false => FsPerms::ReadOnly,
         };
-        wasi.preopened_dir(&dir.host, &dir.guest, perms)
+        // `/proc/self/fd/N` reopens the very directory the handle holds, whatever its name.
+        let host = match &dir.handle {
+            Some(handle) => format!("/proc/self/fd/{}", handle.as_raw_fd()).into(),
+            None => dir.host.clone(),
+        };
+        wasi.preopened_dir(&host, &dir.guest, perms)
             .map_err(|e| format!("cannot open the granted directory {}: {e}", dir.guest))?;
     }
     let outbound = Outbound {
