@@ -154,6 +154,13 @@ async fn the_result_cache_answers_without_running_the_tool() {
         (new_version.result, new_version.cache_hit),
         (Ok(json!(2)), false)
     );
+    // Removed and installed again from other bytes, the tool is at version 1 again, as the
+    // first one was: it still never answers with the first one's results.
+    assert!(host.remove("acme", "count_cached").unwrap());
+    host.install("acme", variant("probe", "v3")).await.unwrap();
+    assert_eq!(version_of(&host, "acme", "count_cached").0, 1);
+    let reinstalled = call(&host, "acme", "count_cached", json!({"key": "a"})).await;
+    assert!(!reinstalled.cache_hit, "{:?}", reinstalled.result);
 }
 
 #[tokio::test]

@@ -80,6 +80,14 @@ impl Resolved {
         }
     }
 
+    /// The content address of the code that answers (a native's is its name).
+    pub fn content(&self) -> &str {
+        match self {
+            Resolved::Native(tool) => &tool.spec.name,
+            Resolved::Tenant(tool) => &tool.version.component,
+        }
+    }
+
     /// Natives have no versions: 0.
     pub fn version(&self) -> u32 {
         match self {

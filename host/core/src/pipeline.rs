@@ -294,7 +294,13 @@ impl Pipeline {
             let selected = path
                 .as_ref()
                 .map_or(&Value::Null, |path| path.select(&args));
-            keypath::key(&ctx.tenant, &spec.name, tool.version(), selected)
+            keypath::key(
+                &ctx.tenant,
+                &spec.name,
+                tool.version(),
+                tool.content(),
+                selected,
+            )
         });
         if let Some(key) = &cache_key {
             match self.store.cache_get(key, now_ms()) {

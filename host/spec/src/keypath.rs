@@ -60,11 +60,13 @@ impl KeyPath {
     }
 }
 
-/// The cache key of one call: tenant, tool, version and the selected value (with object keys
+/// The cache key of one call: tenant, tool, version, the content address of the code that
+/// answers (so a tool removed and installed again under the same name and version number
+/// never answers with its predecessor's results), and the selected value (with object keys
 /// sorted, so `{"a":1,"b":2}` and `{"b":2,"a":1}` share a result).
-pub fn key(tenant: &str, tool: &str, version: u32, selected: &Value) -> [u8; 32] {
+pub fn key(tenant: &str, tool: &str, version: u32, content: &str, selected: &Value) -> [u8; 32] {
     let mut hash = Sha256::new();
-    for part in [tenant, tool, &version.to_string()] {
+    for part in [tenant, tool, &version.to_string(), content] {
         hash.update(part.as_bytes());
         hash.update([0]);
     }
@@ -114,12 +116,13 @@ mod tests {
     fn keys_ignore_object_order_but_not_scope() {
         let a = json!({"x": 1, "y": [1, {"b": 2, "a": 1}]});
         let b = json!({"y": [1, {"a": 1, "b": 2}], "x": 1});
-        assert_eq!(key("t", "tool", 1, &a), key("t", "tool", 1, &b));
-        assert_ne!(key("t", "tool", 1, &a), key("u", "tool", 1, &a));
-        assert_ne!(key("t", "tool", 1, &a), key("t", "tool", 2, &a));
+        assert_eq!(key("t", "tool", 1, "c", &a), key("t", "tool", 1, "c", &b));
+        assert_ne!(key("t", "tool", 1, "c", &a), key("u", "tool", 1, "c", &a));
+        assert_ne!(key("t", "tool", 1, "c", &a), key("t", "tool", 2, "c", &a));
+        assert_ne!(key("t", "tool", 1, "c", &a), key("t", "tool", 1, "d", &a));
         assert_ne!(
-            key("t", "tool", 1, &json!("1")),
-            key("t", "tool", 1, &json!(1))
+            key("t", "tool", 1, "c", &json!("1")),
+            key("t", "tool", 1, "c", &json!(1))
         );
     }
 }

@@ -249,6 +249,10 @@ impl SledStore {
             reason: e.to_string(),
         };
         std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
+        // Owner only: the store holds secrets and compiled code, and the admin socket lives
+        // here too, so no other local user may even reach a path below it.
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| fail(&e))?;
         let lock = std::fs::File::create(dir.join("toolhost.lock")).map_err(|e| fail(&e))?;
         match lock.try_lock() {
             Ok(()) => {}
@@ -596,6 +600,19 @@ impl Store for SledStore {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_data_directory_is_the_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let store = SledStore::open(&data, 1 << 20).unwrap();
+        let mode = std::fs::metadata(&data).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        drop(store);
+    }
 
     #[test]
     fn a_damaged_artifact_is_refused_and_dropped() {
