@@ -568,3 +568,57 @@ async fn concurrent_installs_of_one_tool_each_get_their_own_version() {
         .collect();
     assert_eq!(versions, (1..=9).collect::<Vec<_>>());
 }
+
+/// `Store` is a safe trait that any app may implement, and an artifact is native code: the
+/// host loads only artifacts it sealed itself, for that very component. Here the store hands
+/// back another component's genuine artifact (checksums intact), which wasmtime would load.
+#[tokio::test]
+async fn a_store_cannot_hand_the_host_code_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (convert, stats) = (plugin("unit_convert"), plugin("text_stats"));
+    {
+        let host = Host::open(persistent(dir.path())).unwrap();
+        host.install("acme", convert.clone()).await.unwrap();
+        host.install("acme", stats.clone()).await.unwrap();
+    }
+    let db = (0..100)
+        .find_map(|_| {
+            sled::open(dir.path().join("db"))
+                .inspect_err(|_| std::thread::sleep(std::time::Duration::from_millis(20)))
+                .ok()
+        })
+        .expect("the store opens once the host let go");
+    let artifacts = db.open_tree("artifacts").unwrap();
+    let key_of = |component: &[u8]| {
+        let sha = toolhost::digest::sha256_hex(component);
+        let (key, _) = artifacts
+            .scan_prefix(sha.as_bytes())
+            .next()
+            .unwrap()
+            .unwrap();
+        key
+    };
+    let stats_artifact = artifacts.get(key_of(&stats)).unwrap().unwrap();
+    artifacts.insert(key_of(&convert), stats_artifact).unwrap();
+    db.flush().unwrap();
+    drop((artifacts, db));
+    let host = (0..100)
+        .find_map(|_| {
+            Host::open(persistent(dir.path()))
+                .inspect_err(|_| std::thread::sleep(std::time::Duration::from_millis(20)))
+                .ok()
+        })
+        .unwrap();
+    let args = json!({"value": 3, "from": "ft", "to": "in"});
+    let out = call(&host, "acme", "convert_units", args).await;
+    assert_eq!(
+        out.result.unwrap()["value"],
+        json!(36.0),
+        "its own code, compiled again"
+    );
+    let metrics = host.metrics().render();
+    assert!(
+        metrics.contains("toolhost_component_loads_total{source=\"compiled\"} 1\n"),
+        "{metrics}"
+    );
+}

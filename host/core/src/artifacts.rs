@@ -1,50 +1,114 @@
-//! Compiled artifacts kept on this machine's disk, beside any store: every host that shares
-//! the directory compiles a component once per engine. A file is `<sha>-<fingerprint>` and
-//! holds the artifact's sha256, then the artifact; a file whose checksum fails is ignored
-//! and replaced. Writes go to a temporary file renamed into place, so readers never see half
-//! of one. The directory is created owner-only: the host runs what it loads from here.
+//! Compiled artifacts are native code the host will run, so it trusts only artifacts it
+//! sealed itself: each is stored as an HMAC-SHA256 tag, under a key only the host holds, of
+//! the name it is stored under (component sha256 and engine fingerprint) and the artifact,
+//! then the artifact. So a stored artifact cannot be swapped for another one either. A `Store` (any implementation) or a shared directory can lose or damage
+//! an artifact, which is then compiled again, but can never hand the host code to run.
+//!
+//! [`ArtifactDir`] keeps sealed artifacts on this machine's disk, beside any store: every
+//! host that shares the directory (and its key) compiles a component once per engine.
 
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+const TAG: usize = 32;
+const KEY_FILE: &str = "artifacts.key";
+
+/// The host's key for sealing artifacts.
+pub(crate) struct Seal {
+    key: [u8; 32],
+}
+
+impl Seal {
+    /// The key in `dir/artifacts.key` (owner-only), made on first use.
+    pub fn in_dir(dir: &Path) -> std::io::Result<Self> {
+        let path = dir.join(KEY_FILE);
+        if let Ok(bytes) = std::fs::read(&path)
+            && let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice())
+        {
+            return Ok(Seal { key });
+        }
+        let seal = Self::ephemeral()?;
+        let mut file = tempfile::NamedTempFile::new_in(dir)?;
+        file.write_all(&seal.key)?;
+        // Two hosts may make one at once: the first to land wins, and both read it back.
+        match file.persist_noclobber(&path) {
+            Ok(_) => Ok(seal),
+            Err(_) => Self::in_dir(dir),
+        }
+    }
+
+    /// A key for this host alone: nothing sealed with it outlives the process.
+    pub fn ephemeral() -> std::io::Result<Self> {
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(Seal { key })
+    }
+
+    fn tag(&self, name: &str, artifact: &[u8]) -> Hmac<Sha256> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.key).expect("any key length");
+        mac.update(name.as_bytes());
+        mac.update(&[0]);
+        mac.update(artifact);
+        mac
+    }
+
+    /// `name`: what the artifact is of (`sha:fingerprint`).
+    pub fn seal(&self, name: &str, artifact: &[u8]) -> Vec<u8> {
+        let tag = self.tag(name, artifact).finalize().into_bytes();
+        [&tag[..], artifact].concat()
+    }
+
+    /// The artifact, if this host sealed exactly these bytes under `name`.
+    pub fn open(&self, name: &str, mut sealed: Vec<u8>) -> Option<Vec<u8>> {
+        if sealed.len() < TAG {
+            return None;
+        }
+        let artifact = sealed.split_off(TAG);
+        // Constant time, so the tag cannot be guessed byte by byte.
+        self.tag(name, &artifact).verify_slice(&sealed).ok()?;
+        Some(artifact)
+    }
+}
 
 pub(crate) struct ArtifactDir {
     dir: PathBuf,
 }
 
 impl ArtifactDir {
-    pub fn open(dir: &Path) -> std::io::Result<Self> {
+    /// The directory, created owner-only, and the key its artifacts are sealed with.
+    pub fn open(dir: &Path) -> std::io::Result<(Self, Seal)> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
-        Ok(ArtifactDir {
-            dir: dir.to_owned(),
-        })
+        let seal = Seal::in_dir(dir)?;
+        Ok((
+            ArtifactDir {
+                dir: dir.to_owned(),
+            },
+            seal,
+        ))
     }
 
     fn path(&self, sha: &str, fingerprint: &str) -> PathBuf {
         self.dir.join(format!("{sha}-{fingerprint}"))
     }
 
-    /// The artifact, if present and whole.
+    /// The sealed artifact, if present.
     pub fn get(&self, sha: &str, fingerprint: &str) -> Option<Vec<u8>> {
-        let mut stored = std::fs::read(self.path(sha, fingerprint)).ok()?;
-        if stored.len() < 32 || Sha256::digest(&stored[32..])[..] != stored[..32] {
-            tracing::warn!(sha, "cached artifact fails its checksum; compiling again");
-            return None;
-        }
-        Some(stored.split_off(32))
+        std::fs::read(self.path(sha, fingerprint)).ok()
     }
 
-    /// Best effort: a failure only means compiling again next time.
-    pub fn put(&self, sha: &str, fingerprint: &str, artifact: &[u8]) {
+    /// Best effort: a failure only means compiling again next time. Written to a temporary
+    /// file renamed into place, so readers never see half of one.
+    pub fn put(&self, sha: &str, fingerprint: &str, sealed: &[u8]) {
         let write = || -> std::io::Result<()> {
             let mut file = tempfile::NamedTempFile::new_in(&self.dir)?;
-            file.write_all(&Sha256::digest(artifact))?;
-            file.write_all(artifact)?;
+            file.write_all(sealed)?;
             file.persist(self.path(sha, fingerprint))?;
             Ok(())
         };
@@ -59,20 +123,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_artifact_comes_back_whole_or_not_at_all() {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = ArtifactDir::open(&dir.path().join("artifacts")).unwrap();
-        assert_eq!(cache.get("abc", "fp"), None);
-        cache.put("abc", "fp", b"compiled code");
+    fn only_what_this_key_sealed_opens() {
+        let seal = Seal::ephemeral().unwrap();
+        let sealed = seal.seal("a:fp", b"machine code");
         assert_eq!(
-            cache.get("abc", "fp").as_deref(),
+            seal.open("a:fp", sealed.clone()).as_deref(),
+            Some(&b"machine code"[..])
+        );
+        let mut flipped = sealed.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert_eq!(seal.open("a:fp", flipped), None, "a flipped bit");
+        assert_eq!(
+            seal.open("b:fp", sealed.clone()),
+            None,
+            "another component's artifact"
+        );
+        let other_host = Seal::ephemeral().unwrap();
+        assert_eq!(other_host.open("a:fp", sealed), None, "another host's key");
+        assert_eq!(seal.open("a:fp", b"short".to_vec()), None);
+    }
+
+    #[test]
+    fn hosts_sharing_a_directory_share_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cache, seal) = ArtifactDir::open(&dir.path().join("artifacts")).unwrap();
+        let (_, same) = ArtifactDir::open(&dir.path().join("artifacts")).unwrap();
+        cache.put("abc", "fp", &seal.seal("abc:fp", b"compiled code"));
+        let stored = cache.get("abc", "fp").unwrap();
+        assert_eq!(
+            same.open("abc:fp", stored).as_deref(),
             Some(&b"compiled code"[..])
         );
         assert_eq!(cache.get("abc", "other-engine"), None);
-        let path = cache.path("abc", "fp");
-        let mut bytes = std::fs::read(&path).unwrap();
-        *bytes.last_mut().unwrap() ^= 1;
-        std::fs::write(&path, bytes).unwrap();
-        assert_eq!(cache.get("abc", "fp"), None, "a flipped bit is refused");
+        use std::os::unix::fs::PermissionsExt;
+        let key = std::fs::metadata(dir.path().join("artifacts").join(KEY_FILE)).unwrap();
+        assert_eq!(key.permissions().mode() & 0o777, 0o600);
     }
 }

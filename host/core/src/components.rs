@@ -1,16 +1,16 @@
 //! Components from bytes to a linked, ready-to-instantiate [`Prepared`]: compiled once per
-//! content and engine (the artifact kept in the store), loaded on first use, and held in a
-//! bounded cache. Concurrent first calls of one component load it once.
+//! content and engine (the artifact kept, sealed, in the store and the artifact directory),
+//! loaded on first use, and held in a bounded cache. Concurrent first calls of one component
+//! load it once.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use toolhost_sandbox::LoadError;
-use toolhost_sandbox::{Prepared, Sandbox};
+use toolhost_sandbox::{LoadError, Prepared, Sandbox};
 use toolhost_spec::digest::sha256_hex;
 use toolhost_store::{Store, StoreError};
 
-use crate::artifacts::ArtifactDir;
+use crate::artifacts::{ArtifactDir, Seal};
 use crate::error::{InstallError, OpenError};
 use crate::metrics::{ComponentSource, Metrics};
 
@@ -21,6 +21,8 @@ pub(crate) struct Components {
     loaded: quick_cache::sync::Cache<String, Prepared>,
     /// Artifacts shared on this machine's disk, checked before compiling.
     artifact_dir: Option<ArtifactDir>,
+    /// Only artifacts sealed with this key are ever deserialized.
+    seal: Seal,
     metrics: Arc<Metrics>,
 }
 
@@ -29,34 +31,37 @@ pub(crate) struct NewComponent {
     pub sha: String,
     pub prepared: Prepared,
     bytes: Vec<u8>,
-    /// `None` when the store already holds this artifact (and so the component).
-    artifact: Option<Vec<u8>>,
+    /// The sealed artifact, or `None` when the store already holds it (and the component).
+    sealed: Option<Vec<u8>>,
 }
 
 impl Components {
+    /// The key is the artifact directory's, else the data directory's, else this process's.
     pub fn new(
         sandbox: Arc<Sandbox>,
         store: Arc<dyn Store>,
         max_loaded: usize,
-        artifact_dir: Option<&Path>,
+        (artifact_dir, data_dir): (Option<&Path>, Option<&Path>),
         metrics: Arc<Metrics>,
     ) -> Result<Self, OpenError> {
-        let artifact_dir = match artifact_dir {
-            Some(path) => {
-                Some(
-                    ArtifactDir::open(path).map_err(|error| OpenError::ArtifactDir {
-                        path: path.to_owned(),
-                        error,
-                    })?,
-                )
+        let fail = |path: &Path| {
+            let path = path.to_owned();
+            move |error| OpenError::ArtifactDir { path, error }
+        };
+        let (artifact_dir, seal) = match (artifact_dir, data_dir) {
+            (Some(path), _) => {
+                let (dir, seal) = ArtifactDir::open(path).map_err(fail(path))?;
+                (Some(dir), seal)
             }
-            None => None,
+            (None, Some(path)) => (None, Seal::in_dir(path).map_err(fail(path))?),
+            (None, None) => (None, Seal::ephemeral().map_err(fail(Path::new("")))?),
         };
         Ok(Components {
             sandbox,
             store,
             loaded: quick_cache::sync::Cache::new(max_loaded.max(1)),
             artifact_dir,
+            seal,
             metrics,
         })
     }
@@ -73,31 +78,30 @@ impl Components {
     /// Compiles (or finds the stored artifact of) an uploaded component and links it.
     pub async fn compile(&self, bytes: Vec<u8>) -> Result<NewComponent, InstallError> {
         let sha = sha256_hex(&bytes);
-        let stored = self.store.artifact(&sha, self.sandbox.fingerprint())?;
-        let (bytes, artifact, fresh) = match stored {
-            Some(artifact) => (bytes, artifact, false),
+        let (bytes, artifact, sealed) = match self.stored(&sha)? {
+            Some(artifact) => (bytes, artifact, None),
             None => {
                 let (bytes, artifact) = self.compile_blob(&sha, bytes).await?;
-                (bytes, artifact, true)
+                let sealed = self.seal.seal(&self.name(&sha), &artifact);
+                (bytes, artifact, Some(sealed))
             }
         };
-        // SAFETY: the artifact was just compiled here, or came from the store, which returns
-        // only artifacts of this fingerprint whose checksum matches.
+        // SAFETY: compiled here just now, or sealed by this host (`stored`).
         let prepared = unsafe { self.sandbox.load(&artifact) }?;
         Ok(NewComponent {
             sha,
             prepared,
             bytes,
-            artifact: fresh.then_some(artifact),
+            sealed,
         })
     }
 
     /// Stores a checked component (once per sha256) and keeps it loaded.
     pub fn keep(&self, component: NewComponent) -> Result<(), StoreError> {
-        if let Some(artifact) = &component.artifact {
+        if let Some(sealed) = &component.sealed {
             let fingerprint = self.sandbox.fingerprint();
             self.store
-                .put_component(&component.sha, &component.bytes, fingerprint, artifact)?;
+                .put_component(&component.sha, &component.bytes, fingerprint, sealed)?;
         }
         self.loaded.insert(component.sha, component.prepared);
         Ok(())
@@ -113,13 +117,28 @@ impl Components {
         self.loaded.get_or_insert_async(sha, self.load(sha)).await
     }
 
+    /// What an artifact of `sha` is sealed as: it and the engine it was compiled for.
+    fn name(&self, sha: &str) -> String {
+        format!("{sha}:{}", self.sandbox.fingerprint())
+    }
+
+    /// The store's artifact for `sha`, if this host sealed it.
+    fn stored(&self, sha: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(sealed) = self.store.artifact(sha, self.sandbox.fingerprint())? else {
+            return Ok(None);
+        };
+        let opened = self.seal.open(&self.name(sha), sealed);
+        if opened.is_none() {
+            tracing::warn!(
+                sha,
+                "stored artifact not sealed by this host; compiling again"
+            );
+        }
+        Ok(opened)
+    }
+
     async fn load(&self, sha: &str) -> Result<Prepared, String> {
-        let fingerprint = self.sandbox.fingerprint();
-        let stored = self
-            .store
-            .artifact(sha, fingerprint)
-            .map_err(|e| e.to_string())?;
-        let artifact = match stored {
+        let artifact = match self.stored(sha).map_err(|e| e.to_string())? {
             Some(artifact) => {
                 self.metrics.component_loaded(ComponentSource::Artifact);
                 artifact
@@ -135,13 +154,14 @@ impl Components {
                     .compile_blob(sha, blob)
                     .await
                     .map_err(|e| e.to_string())?;
+                let sealed = self.seal.seal(&self.name(sha), &artifact);
                 self.store
-                    .put_artifact(sha, fingerprint, &artifact)
+                    .put_artifact(sha, self.sandbox.fingerprint(), &sealed)
                     .map_err(|e| e.to_string())?;
                 artifact
             }
         };
-        // SAFETY: as in `compile`: compiled here, or checksummed by the store.
+        // SAFETY: as in `compile`: compiled here, or sealed by this host.
         unsafe { self.sandbox.load(&artifact) }.map_err(|e| e.to_string())
     }
 
@@ -152,11 +172,11 @@ impl Components {
         bytes: Vec<u8>,
     ) -> Result<(Vec<u8>, Vec<u8>), LoadError> {
         let fingerprint = self.sandbox.fingerprint();
-        let cached = self
+        let shared = self
             .artifact_dir
             .as_ref()
             .and_then(|dir| dir.get(sha, fingerprint));
-        if let Some(artifact) = cached {
+        if let Some(artifact) = shared.and_then(|sealed| self.seal.open(&self.name(sha), sealed)) {
             return Ok((bytes, artifact));
         }
         let sandbox = self.sandbox.clone();
@@ -166,7 +186,11 @@ impl Components {
         .await
         .expect("compilation does not panic")?;
         if let Some(dir) = &self.artifact_dir {
-            dir.put(sha, fingerprint, &artifact);
+            dir.put(
+                sha,
+                fingerprint,
+                &self.seal.seal(&self.name(sha), &artifact),
+            );
         }
         Ok((bytes, artifact))
     }

@@ -53,7 +53,7 @@ impl Host {
             Arc::new(sandbox),
             store.clone(),
             config.max_loaded_components,
-            config.artifact_dir.as_deref(),
+            (config.artifact_dir.as_deref(), config.data_dir.as_deref()),
             metrics.clone(),
         )?);
         let js_runtime = config.js_runtime.as_deref();
