@@ -240,3 +240,103 @@ async fn with_disclosure_on_the_client_sees_the_bridges_and_can_still_call_found
     next_step(&mut lines, "closed").await;
     assert!(child.wait().await.unwrap().success());
 }
+
+/// The official Python SDK's default `Client`, in its `auto` mode (which negotiates the
+/// newest version, 2026-07-28) and its `legacy` mode, over Streamable HTTP: it lists, calls,
+/// and hears of its tenant's changes (`subscriptions/listen` on 2026-07-28, the
+/// `list_changed` notification before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_lists_calls_and_hears_of_changes_in_every_mode_over_http() {
+    for (mode, newest) in [("auto", true), ("legacy", false)] {
+        let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+        host.create_tenant("acme").unwrap();
+        let key = host.create_key("acme").unwrap().secret;
+        host.install("acme", plugin("text_stats")).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let server = tokio::spawn(toolhost_server::server::serve(
+            host.clone(),
+            listener,
+            Default::default(),
+            std::future::pending(),
+        ));
+        let mut child = Command::new("python3")
+            .arg(client_dir().join("python_client.py"))
+            .args([mode, "http", &url, &key])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 is installed");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+
+        let init = next_step(&mut lines, "initialized").await;
+        let protocol = init["protocol"].as_str().unwrap().to_owned();
+        assert_eq!(protocol == "2026-07-28", newest, "{mode}: {protocol}");
+        let listed = next_step(&mut lines, "listed").await;
+        assert_eq!(listed["names"], json!(["text_stats", "word_frequency"]));
+        let called = next_step(&mut lines, "called").await;
+        assert_eq!(
+            called["result"]["structuredContent"]["words"], 3,
+            "{called}"
+        );
+        let bad = next_step(&mut lines, "bad_args").await;
+        assert_eq!(bad["result"]["isError"], true, "{bad}");
+
+        next_step(&mut lines, "listening").await;
+        host.install("globex", plugin("unit_convert"))
+            .await
+            .unwrap(); // not acme's
+        host.install("acme", plugin("unit_convert")).await.unwrap();
+        let changed = next_step(&mut lines, "changed").await;
+        assert_eq!(changed["count"], 3, "{mode}: {changed}");
+        next_step(&mut lines, "closed").await;
+        let mut stderr = String::new();
+        use tokio::io::AsyncReadExt;
+        let mut pipe = child.stderr.take().unwrap();
+        pipe.read_to_string(&mut stderr).await.unwrap();
+        assert!(child.wait().await.unwrap().success(), "{mode}: {stderr}");
+        // Ending the session is a success to the client (rmcp's 202 was logged as a failure).
+        assert!(!stderr.contains("termination failed"), "{mode}: {stderr}");
+        server.abort();
+    }
+}
+
+/// The same client over stdio (`toolhost mcp`), on the newest version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_lists_and_calls_over_stdio() {
+    let data = tempfile::tempdir().unwrap();
+    let host = Host::open(toolhost::HostConfig {
+        data_dir: Some(data.path().to_owned()),
+        ..crate::plugins::config()
+    })
+    .unwrap();
+    host.install("acme", plugin("text_stats")).await.unwrap();
+    drop(host);
+    let mut child = Command::new("python3")
+        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+        .arg(client_dir().join("python_client.py"))
+        .args(["auto", "stdio", env!("CARGO_BIN_EXE_toolhost")])
+        .arg(data.path())
+        .arg("acme")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 is installed");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let init = next_step(&mut lines, "initialized").await;
+    assert_eq!(init["protocol"], "2026-07-28");
+    let listed = next_step(&mut lines, "listed").await;
+    assert_eq!(listed["names"], json!(["text_stats", "word_frequency"]));
+    let called = next_step(&mut lines, "called").await;
+    assert_eq!(
+        called["result"]["structuredContent"]["words"], 3,
+        "{called}"
+    );
+    assert_eq!(
+        next_step(&mut lines, "bad_args").await["result"]["isError"],
+        true
+    );
+    next_step(&mut lines, "closed").await;
+    assert!(child.wait().await.unwrap().success());
+}

@@ -8,13 +8,15 @@
 
 use std::sync::Arc;
 
+use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ListToolsResult, PaginatedRequestParams, ResultType, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Value, json};
+use tokio::sync::broadcast::Receiver;
 use tokio::sync::broadcast::error::RecvError;
 
 use toolhost::export::{self, Format};
@@ -125,7 +127,11 @@ impl ServerHandler for McpServer {
             .collect::<Result<_, _>>()
             .map_err(|e| ErrorData::internal_error(format!("a tool did not convert: {e}"), None))?;
         let result = json!({"tools": tools, "nextCursor": next});
-        serde_json::from_value(result).map_err(|e| ErrorData::internal_error(e.to_string(), None))
+        let mut result: ListToolsResult = serde_json::from_value(result)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        // Required from 2026-07-28; rmcp drops it for peers on an earlier version.
+        result.result_type = Some(ResultType::COMPLETE);
+        Ok(result)
     }
 
     async fn call_tool(
@@ -177,12 +183,14 @@ impl ServerHandler for McpServer {
                 "isError": true,
             }),
         };
-        let result: CallToolResult = serde_json::from_value(result)
+        let mut result: CallToolResult = serde_json::from_value(result)
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        result.result_type = Some(ResultType::COMPLETE);
         Ok(result.into())
     }
 
-    /// Tells this session's client when its tenant's tools change, until the session ends.
+    /// Up to 2025-11-25: tells this session's client when its tenant's tools change, until
+    /// the session ends.
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         let Ok(tenant) = self.tenant(&context.extensions) else {
             return;
@@ -192,22 +200,58 @@ impl ServerHandler for McpServer {
         tokio::spawn(async move {
             loop {
                 let changed = tokio::select! {
-                    change = changes.recv() => change,
+                    changed = tenant_changed(&mut changes, &tenant) => changed,
                     // A session that ends without a change must not keep this task alive.
                     _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {
                         if peer.is_transport_closed() { return; }
                         continue;
                     }
                 };
-                let ours = match changed {
-                    Ok(changed) => changed == tenant,
-                    Err(RecvError::Lagged(_)) => true,
-                    Err(RecvError::Closed) => return,
-                };
-                if ours && peer.notify_tool_list_changed().await.is_err() {
+                if changed.is_none() || peer.notify_tool_list_changed().await.is_err() {
                     return;
                 }
             }
         });
+    }
+
+    /// From 2026-07-28 a client asks for change notifications with `subscriptions/listen`;
+    /// this server offers the one it has.
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        Some(SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    /// One `subscriptions/listen` stream: the tenant's tool changes, until it is cancelled.
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+        let tenant = self.tenant(&subscription.request_context().extensions)?;
+        let mut changes = self.host.subscribe_changes();
+        loop {
+            tokio::select! {
+                _ = subscription.cancelled() => return Ok(()),
+                changed = tenant_changed(&mut changes, &tenant) => {
+                    let sent = match changed {
+                        Some(()) => subscription.sink().notify_tool_list_changed().await,
+                        None => return Ok(()),
+                    };
+                    if sent.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Waits for a change of `tenant`'s tools (a lag counts as one); `None` once the host is gone.
+async fn tenant_changed(changes: &mut Receiver<String>, tenant: &str) -> Option<()> {
+    loop {
+        match changes.recv().await {
+            Ok(changed) if changed == tenant => return Some(()),
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => return Some(()),
+            Err(RecvError::Closed) => return None,
+        }
     }
 }

@@ -124,7 +124,14 @@ async fn mcp_tenant(
     match Tenant::from_request_parts(&mut parts, &app).await {
         Ok(Tenant(tenant)) => {
             parts.extensions.insert(McpTenant(tenant));
-            next.run(Request::from_parts(parts, body)).await
+            let terminating = parts.method == axum::http::Method::DELETE;
+            let mut response = next.run(Request::from_parts(parts, body)).await;
+            // A session ended: rmcp says 202, and clients (the Python SDK) expect 200 or
+            // 204 and log anything else as a failed termination.
+            if terminating && response.status() == StatusCode::ACCEPTED {
+                *response.status_mut() = StatusCode::NO_CONTENT;
+            }
+            response
         }
         Err(error) => error.into_response(),
     }
