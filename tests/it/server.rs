@@ -792,3 +792,75 @@ fn serve_refuses_a_search_model_it_cannot_load() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("search model: config.json"), "{stderr}");
 }
+
+/// Without a key, anyone could hold the listener's every connection: idle or slow ones are
+/// closed, and one address can hold only its share, while others are still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_and_one_address_cannot_take_them_all() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let api = api();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let options = toolhost_server::ServerOptions {
+        connections: toolhost_server::listener::ConnectionLimits {
+            max_per_peer: 4,
+            header_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let server = tokio::spawn(toolhost_server::serve(
+        api.host.clone(),
+        listener,
+        options,
+        std::future::pending(),
+    ));
+    let from = |ip: &str| {
+        let ip: std::net::IpAddr = ip.parse().unwrap();
+        async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind((ip, 0).into()).unwrap();
+            socket.connect(addr).await.unwrap()
+        }
+    };
+    /// Whether the server closes `stream` (EOF or reset) within 10 s.
+    async fn closed(stream: &mut tokio::net::TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte)).await;
+        matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+    }
+    async fn healthz(stream: &mut tokio::net::TcpStream) -> String {
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    // A connection that never sends a request is closed after the header timeout.
+    let mut idle = from("127.0.0.1").await;
+    assert!(closed(&mut idle).await, "an idle connection stays open");
+
+    // One address holds four; its fifth is closed at once, another address is served.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(from("127.0.0.1").await);
+    }
+    let mut fifth = from("127.0.0.1").await;
+    assert!(
+        closed(&mut fifth).await,
+        "a fifth connection from one address is refused"
+    );
+    let mut other = from("127.0.0.2").await;
+    assert!(healthz(&mut other).await.starts_with("HTTP/1.1 200"));
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut again = from("127.0.0.1").await;
+    assert!(
+        healthz(&mut again).await.starts_with("HTTP/1.1 200"),
+        "slots come back"
+    );
+    server.abort();
+}

@@ -447,6 +447,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             // The search model loads (or fails) before the port opens.
             let options = toolhost_server::server::ServerOptions {
                 disclosure: disclosure.config()?,
+                ..Default::default()
             };
             let listener = tokio::net::TcpListener::bind(listen)
                 .await

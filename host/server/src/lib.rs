@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod bridges;
+pub mod listener;
 pub mod mcp;
 pub mod server;
 

@@ -16,7 +16,6 @@ use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -31,6 +30,7 @@ use toolhost::sandbox::LoadError;
 use toolhost::{ApprovalError, CallError, CallOutcome, Caller, Host, InstallError, ManageError};
 
 use crate::bridges::{Disclosure, DisclosureConfig};
+use crate::listener::{ConnectionLimits, serve_connections};
 use crate::mcp::{McpServer, McpTenant};
 
 /// Every request but an upload.
@@ -50,6 +50,8 @@ struct App {
 pub struct ServerOptions {
     /// What MCP lists: every tool, or search bridges for large catalogs.
     pub disclosure: DisclosureConfig,
+    /// Bounds on connections, before any request is read.
+    pub connections: ConnectionLimits,
 }
 
 /// The API's routes over `host`, MCP included.
@@ -145,21 +147,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
+    let limits = options.connections;
     let app = router_with_shutdown(host, options, stop.clone());
-    // Without it, a response written in pieces (an MCP event stream) waits out the client's
-    // delayed ACK: ~40 ms a request on a keep-alive connection.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "TCP_NODELAY not set");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            // Open MCP event streams never end on their own; requests in flight still finish.
-            stop.cancel();
-        })
-        .await
+    // Open MCP event streams never end on their own; requests in flight still finish.
+    serve_connections(listener, app, limits, shutdown, move || stop.cancel()).await
 }
 
 /// An error as the API returns it.
