@@ -111,3 +111,25 @@ async fn schemas_too_costly_to_check_are_refused_at_install_naming_the_rule() {
     );
     assert!(host.list("acme").is_empty());
 }
+
+/// A result is parsed before it is clipped, and parsed JSON takes many times its text: a
+/// 100 MiB array once cost the host 5.4 GiB. Text over `MAX_RESULT_BYTES` is refused unread.
+#[tokio::test]
+async fn a_result_too_large_to_parse_is_refused_unread() {
+    let host = Host::open(HostConfig {
+        js_runtime: Some(crate::plugins::js_runtime()),
+        ..crate::plugins::config()
+    })
+    .unwrap();
+    let huge = "export const spec = { name: 'huge', description: 'A test tool.', \
+                parameters: { type: 'object' }, limits: { memory_bytes: 268435456 } };\n\
+                export default function () { return new Array(2000000).fill(12345); }\n";
+    host.install_js("acme", huge).await.unwrap();
+    let out = host.call(&Caller::tenant("acme"), "huge", json!({})).await;
+    assert_eq!(out.code(), "invalid_output", "{:?}", out.result);
+    let message = out.result.unwrap_err().to_string();
+    assert!(
+        message.contains(&toolhost::MAX_RESULT_BYTES.to_string()),
+        "{message}"
+    );
+}

@@ -25,6 +25,9 @@ use crate::registry::{NativeTool, TenantTool};
 
 /// A tool's own error message is cut to this many characters.
 pub(crate) const MAX_ERROR_CHARS: usize = 4096;
+/// A guest's result text over this is refused before it is parsed: parsed JSON takes many
+/// times its text in memory, and `max_result_chars` (at most 1 Mi) clips anything larger.
+pub const MAX_RESULT_BYTES: usize = 8 << 20;
 
 pub(crate) struct Executors {
     components: Arc<Components>,
@@ -168,6 +171,12 @@ impl Executors {
             }
         };
         let result = match run.result {
+            Ok(Ok(text)) if text.len() > MAX_RESULT_BYTES => Err(CallError::InvalidOutput {
+                reason: format!(
+                    "the result is {} bytes of text; results over {MAX_RESULT_BYTES} bytes are refused unread",
+                    text.len()
+                ),
+            }),
             Ok(Ok(text)) => serde_json::from_str(&text).map_err(|e| CallError::InvalidOutput {
                 reason: format!("not JSON ({e}): {}", truncate(&text, 80)),
             }),

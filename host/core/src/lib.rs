@@ -26,6 +26,7 @@ mod components;
 mod config;
 mod error;
 mod exec;
+pub use exec::MAX_RESULT_BYTES;
 mod grants;
 pub mod hooks;
 mod host;
