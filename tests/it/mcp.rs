@@ -37,7 +37,10 @@ async fn next_step(lines: &mut Lines<BufReader<ChildStdout>>, step: &str) -> Val
 async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() {
     let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
     host.create_tenant("acme").unwrap();
-    let key = host.create_key("acme").unwrap().secret;
+    let key = host
+        .create_key("acme", toolhost::Role::Agent)
+        .unwrap()
+        .secret;
     host.install("acme", plugin("text_stats")).await.unwrap();
     // 60 natives (visible to every tenant) push the listing past one page.
     for i in 0..60 {
@@ -250,7 +253,10 @@ async fn the_python_sdk_lists_calls_and_hears_of_changes_in_every_mode_over_http
     for (mode, newest) in [("auto", true), ("legacy", false)] {
         let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
         host.create_tenant("acme").unwrap();
-        let key = host.create_key("acme").unwrap().secret;
+        let key = host
+            .create_key("acme", toolhost::Role::Agent)
+            .unwrap()
+            .secret;
         host.install("acme", plugin("text_stats")).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/mcp", listener.local_addr().unwrap());

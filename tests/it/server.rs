@@ -25,7 +25,11 @@ fn api() -> Api {
     let mut keys = Vec::new();
     for tenant in ["acme", "globex"] {
         host.create_tenant(tenant).unwrap();
-        keys.push(host.create_key(tenant).unwrap().secret);
+        keys.push(
+            host.create_key(tenant, toolhost::Role::Admin)
+                .unwrap()
+                .secret,
+        );
     }
     let globex = keys.pop().unwrap();
     let acme = keys.pop().unwrap();
@@ -707,7 +711,7 @@ async fn the_cli_manages_tenants_keys_and_policies_while_the_server_runs() {
         cli(&["tenant", "create", "acme"]),
         (Some(0), "created tenant acme\n".into(), String::new())
     );
-    let (code, secret, notice) = cli(&["--tenant", "acme", "key", "create"]);
+    let (code, secret, notice) = cli(&["--tenant", "acme", "key", "create", "--role", "developer"]);
     assert_eq!(code, Some(0), "{notice}");
     assert!(notice.contains("not shown again"));
     let key = secret.trim();
@@ -863,4 +867,90 @@ async fn idle_connections_are_closed_and_one_address_cannot_take_them_all() {
         "slots come back"
     );
     server.abort();
+}
+
+/// Each key has a role, and each route needs one: an agent's key cannot approve its own held
+/// call or install tools, nor reach private tools or pass the app's `data`.
+#[tokio::test]
+async fn each_key_role_reaches_exactly_its_routes() {
+    use toolhost::Role;
+    let api = api();
+    let key = |role| api.host.create_key("acme", role).unwrap().secret;
+    let (agent, developer, approver, admin) = (
+        key(Role::Agent),
+        key(Role::Developer),
+        key(Role::Approver),
+        key(Role::Admin),
+    );
+    let http_tool = |name: &str, extra: Value| {
+        let mut spec = json!({"name": name, "description": "A test tool.",
+                              "parameters": {"type": "object"}});
+        spec.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        json!({"spec": spec, "request": {"method": "get", "url": "http://127.0.0.1:9/"}})
+    };
+    let forbidden = |(status, body): (StatusCode, Value)| {
+        status == StatusCode::FORBIDDEN && error_code(&body) == "forbidden"
+    };
+
+    // Installing: developers and admins.
+    for (who, allowed) in [(&agent, false), (&approver, false), (&developer, true)] {
+        let def = http_tool(&format!("t{}", &who[4..8]), json!({}));
+        let got = post_json(&api, "/v1/tools", who, def).await;
+        assert_eq!(forbidden(got.clone()), !allowed, "{got:?}");
+    }
+    let hidden = http_tool("hidden", json!({"private": true}));
+    assert!(!forbidden(
+        post_json(&api, "/v1/tools", &admin, hidden).await
+    ));
+    let held = http_tool("wire", json!({"needs_approval": true}));
+    assert!(!forbidden(post_json(&api, "/v1/tools", &admin, held).await));
+
+    // Calling: not approvers; private tools and `data` need more than an agent.
+    let call = |tool: &str| format!("/v1/tools/{tool}/call");
+    assert!(forbidden(
+        post_json(&api, &call("wire"), &approver, json!({})).await
+    ));
+    let (status, body) = post_json(&api, &call("wire"), &agent, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["error"]["code"], "approval_required", "{body}");
+    let call_id = body["call_id"].as_str().unwrap().to_owned();
+    assert!(forbidden(
+        post_json(&api, &call("hidden"), &agent, json!({})).await
+    ));
+    assert!(!forbidden(
+        post_json(&api, &call("hidden"), &developer, json!({})).await
+    ));
+    let with_data = json!({"arguments": {}, "data": {"user": "root"}});
+    assert!(forbidden(
+        post_json(&api, &call("hidden"), &developer, with_data.clone()).await
+    ));
+    assert!(!forbidden(
+        post_json(&api, &call("hidden"), &admin, with_data).await
+    ));
+
+    // Deciding: approvers and admins; the agent cannot approve the call it made.
+    let approve = format!("/v1/approvals/{call_id}/approve");
+    for who in [&agent, &developer] {
+        assert!(forbidden(get(&api, "/v1/approvals", who).await));
+        assert!(forbidden(post_json(&api, &approve, who, json!({})).await));
+    }
+    let (status, pending) = get(&api, "/v1/approvals", &approver).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(pending["pending"][0]["call_id"], call_id.as_str());
+    let (status, _) = post_json(&api, &approve, &approver, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // MCP is for calling tools: an approver's key is refused there too.
+    let mcp = send(
+        &api,
+        "POST",
+        "/mcp",
+        Some(&approver),
+        "application/json",
+        b"{}".to_vec(),
+    )
+    .await;
+    assert!(forbidden(mcp.clone()), "{mcp:?}");
 }

@@ -172,7 +172,12 @@ enum TenantCommand {
 #[derive(Subcommand)]
 enum KeyCommand {
     /// Create a key for --tenant and print it: it is shown only this once.
-    Create,
+    Create {
+        /// What it may do: `agent` (list and call tools), `developer` (also install, remove,
+        /// roll back), `approver` (decide held calls), `admin` (all, and pass `data`)
+        #[arg(long, default_value = "agent")]
+        role: toolhost::Role,
+    },
     /// List keys (ids, never secrets); all tenants' with --all.
     List {
         #[arg(long)]
@@ -244,7 +249,10 @@ fn admin_command(command: &Command, tenant: &str) -> Result<Option<AdminCommand>
             tenant: name.clone(),
         },
         Command::Tenant(TenantCommand::List) => AdminCommand::TenantList,
-        Command::Key(KeyCommand::Create) => AdminCommand::KeyCreate { tenant },
+        Command::Key(KeyCommand::Create { role }) => AdminCommand::KeyCreate {
+            tenant,
+            role: *role,
+        },
         Command::Key(KeyCommand::List { all }) => AdminCommand::KeyList {
             tenant: (!all).then_some(tenant),
         },

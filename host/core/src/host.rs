@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use toolhost_sandbox::Sandbox;
+use toolhost_spec::access::Role;
 use toolhost_spec::call::{CallOutcome, Caller};
 use toolhost_spec::export::Format;
 use toolhost_spec::policy::TenantPolicy;
@@ -213,10 +214,10 @@ impl Host {
         self.tenants.all()
     }
 
-    /// A new API key for an existing tenant. The returned secret is shown once: only its
-    /// sha256 is stored.
-    pub fn create_key(&self, tenant: &str) -> Result<NewKey, ManageError> {
-        self.tenants.create_key(tenant)
+    /// A new API key for an existing tenant, with what it may do. The returned secret is
+    /// shown once: only its sha256 is stored.
+    pub fn create_key(&self, tenant: &str, role: Role) -> Result<NewKey, ManageError> {
+        self.tenants.create_key(tenant, role)
     }
 
     /// Keys of `tenant` (or all), without their secrets.
@@ -228,8 +229,8 @@ impl Host {
         self.tenants.revoke_key(id)
     }
 
-    /// The tenant an API key belongs to, if it is a live key.
-    pub fn authenticate(&self, key: &str) -> Result<Option<String>, StoreError> {
+    /// The live key's record (its tenant and role), if it is one.
+    pub fn authenticate(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
         self.tenants.authenticate(key)
     }
 

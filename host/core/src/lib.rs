@@ -38,7 +38,8 @@ mod tenants;
 
 // The crates below the host, under one root for an app that embeds it.
 pub use toolhost_sandbox::{self as sandbox, egress, helpers};
-pub use toolhost_spec::{call, clip, digest, export, keypath, policy, schema, spec};
+pub use toolhost_spec::access::{Access, Role};
+pub use toolhost_spec::{access, call, clip, digest, export, keypath, policy, schema, spec};
 pub use toolhost_store as store;
 
 pub use approval::{ApprovalError, PendingCall};

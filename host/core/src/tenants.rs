@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+use toolhost_spec::access::Role;
 use toolhost_spec::digest::{hex, sha256_hex};
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::is_valid_config_key;
@@ -80,7 +81,7 @@ impl Tenants {
         Ok(self.store.tenants()?)
     }
 
-    pub fn create_key(&self, tenant: &str) -> Result<NewKey, ManageError> {
+    pub fn create_key(&self, tenant: &str, role: Role) -> Result<NewKey, ManageError> {
         if !self.store.tenants()?.iter().any(|t| t == tenant) {
             return Err(ManageError::NoTenant(tenant.chars().take(128).collect()));
         }
@@ -92,6 +93,7 @@ impl Tenants {
             id,
             tenant: tenant.to_owned(),
             created_at_ms: now_ms(),
+            role,
         };
         self.store
             .key_put(&sha256_hex(secret.as_bytes()), &record)?;
@@ -110,11 +112,8 @@ impl Tenants {
         Ok(self.store.key_revoke(id)?)
     }
 
-    pub fn authenticate(&self, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .store
-            .key_get(&sha256_hex(key.as_bytes()))?
-            .map(|k| k.tenant))
+    pub fn authenticate(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        self.store.key_get(&sha256_hex(key.as_bytes()))
     }
 
     pub fn policy(&self, tenant: &str) -> Arc<TenantPolicy> {

@@ -13,7 +13,11 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use toolhost::{Host, TenantPolicy};
+use toolhost::{Host, Role, TenantPolicy};
+
+fn agent() -> Role {
+    Role::Agent
+}
 
 /// The socket's name in the data directory.
 pub const SOCKET: &str = "admin.sock";
@@ -29,6 +33,8 @@ pub enum AdminCommand {
     TenantList,
     KeyCreate {
         tenant: String,
+        #[serde(default = "agent")]
+        role: Role,
     },
     /// Every tenant's keys when `tenant` is `None`.
     KeyList {
@@ -89,12 +95,13 @@ impl AdminCommand {
                 let tenants = host.tenants().map_err(|e| fail(&e))?;
                 out(tenants.iter().map(|t| format!("{t}\n")).collect())
             }
-            AdminCommand::KeyCreate { tenant } => {
-                let key = host.create_key(&tenant).map_err(|e| fail(&e))?;
+            AdminCommand::KeyCreate { tenant, role } => {
+                let key = host.create_key(&tenant, role).map_err(|e| fail(&e))?;
                 Ok((
                     format!("{}\n", key.secret),
                     format!(
-                        "key {} for tenant {tenant}: store it now, it is not shown again\n",
+                        "{} key {} for tenant {tenant}: store it now, it is not shown again\n",
+                        role.name(),
                         key.record.id
                     ),
                 ))
@@ -105,9 +112,10 @@ impl AdminCommand {
                     .iter()
                     .map(|k| {
                         format!(
-                            "{}  {}  created {}\n",
+                            "{}  {}  {}  created {}\n",
                             k.id,
                             k.tenant,
+                            k.role.name(),
                             rfc3339(k.created_at_ms)
                         )
                     })

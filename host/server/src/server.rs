@@ -27,7 +27,10 @@ use tokio_util::sync::CancellationToken;
 use toolhost::export::Format;
 use toolhost::http_tool::HttpToolDef;
 use toolhost::sandbox::LoadError;
-use toolhost::{ApprovalError, CallError, CallOutcome, Caller, Host, InstallError, ManageError};
+use toolhost::{
+    Access, ApprovalError, CallError, CallOutcome, Caller, Host, InstallError, KeyRecord,
+    ManageError,
+};
 
 use crate::bridges::{Disclosure, DisclosureConfig};
 use crate::listener::{ConnectionLimits, serve_connections};
@@ -123,8 +126,12 @@ async fn mcp_tenant(
     next: axum::middleware::Next,
 ) -> Response {
     let (mut parts, body) = request.into_parts();
-    match Tenant::from_request_parts(&mut parts, &app).await {
-        Ok(Tenant(tenant)) => {
+    let tenant = match Key::from_request_parts(&mut parts, &app).await {
+        Ok(key) => key.tenant_for(Access::Call),
+        Err(error) => Err(error),
+    };
+    match tenant {
+        Ok(tenant) => {
             parts.extensions.insert(McpTenant(tenant));
             let terminating = parts.method == axum::http::Method::DELETE;
             let mut response = next.run(Request::from_parts(parts, body)).await;
@@ -235,9 +242,34 @@ impl From<ManageError> for ApiError {
 }
 
 /// The caller's tenant, from its API key.
-struct Tenant(String);
+/// The caller's API key: its tenant and role.
+struct Key(KeyRecord);
 
-impl FromRequestParts<App> for Tenant {
+impl Key {
+    /// The key's tenant, if its role grants `access`; else 403 naming both.
+    fn tenant_for(self, access: Access) -> Result<String, ApiError> {
+        self.may(access)?;
+        Ok(self.0.tenant)
+    }
+
+    fn may(&self, access: Access) -> Result<(), ApiError> {
+        let role = self.0.role;
+        match role.may(access) {
+            true => Ok(()),
+            false => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "a key with the role `{}` may not {}",
+                    role.name(),
+                    access.what()
+                ),
+            )),
+        }
+    }
+}
+
+impl FromRequestParts<App> for Key {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, ApiError> {
@@ -255,7 +287,7 @@ impl FromRequestParts<App> for Tenant {
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or_else(unauthorized)?;
         match app.host.authenticate(key.trim()) {
-            Ok(Some(tenant)) => Ok(Tenant(tenant)),
+            Ok(Some(record)) => Ok(Key(record)),
             Ok(None) => Err(unauthorized()),
             Err(error) => Err(ApiError::internal(error)),
         }
@@ -293,15 +325,17 @@ async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
 }
 
-async fn list(State(app): State<App>, Tenant(tenant): Tenant) -> Json<Value> {
-    Json(json!({"tools": app.host.list(&tenant)}))
+async fn list(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Read)?;
+    Ok(Json(json!({"tools": app.host.list(&tenant)})))
 }
 
 async fn describe(
     State(app): State<App>,
-    Tenant(tenant): Tenant,
+    key: Key,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Read)?;
     let info = app
         .host
         .describe(&tenant, &name)
@@ -311,11 +345,8 @@ async fn describe(
 
 /// `application/wasm` (or any non-multipart type): the body is the component. Multipart: the
 /// field named `component`.
-async fn install(
-    State(app): State<App>,
-    Tenant(tenant): Tenant,
-    request: Request,
-) -> Result<Response, ApiError> {
+async fn install(State(app): State<App>, key: Key, request: Request) -> Result<Response, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -391,9 +422,10 @@ async fn install(
 
 async fn remove(
     State(app): State<App>,
-    Tenant(tenant): Tenant,
+    key: Key,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
     match app.host.remove(&tenant, &name) {
         Ok(true) => Ok(StatusCode::NO_CONTENT),
         Ok(false) => Err(ApiError::not_found(&name)),
@@ -403,9 +435,10 @@ async fn remove(
 
 async fn versions(
     State(app): State<App>,
-    Tenant(tenant): Tenant,
+    key: Key,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
     Ok(Json(json!(app.host.versions(&tenant, &name)?)))
 }
 
@@ -417,10 +450,11 @@ struct RollbackRequest {
 
 async fn rollback(
     State(app): State<App>,
-    Tenant(tenant): Tenant,
+    key: Key,
     Path(name): Path<String>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
     let request: RollbackRequest = json_body(body)?;
     let version = app.host.rollback(&tenant, &name, request.to)?;
     Ok(Json(json!({"current": version})))
@@ -443,11 +477,24 @@ fn empty_object() -> Value {
 /// exist for this tenant.
 async fn call(
     State(app): State<App>,
-    Tenant(tenant): Tenant,
+    key: Key,
     Path(name): Path<String>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    key.may(Access::Call)?;
+    let tenant = key.0.tenant.clone();
     let request: CallRequest = json_body(body)?;
+    // A private tool is the app's; `data` is what a tool trusts as coming from the app.
+    let private = app
+        .host
+        .describe(&tenant, &name)
+        .is_some_and(|t| t.spec.private);
+    if private {
+        key.may(Access::CallPrivate)?;
+    }
+    if !request.data.is_null() {
+        key.may(Access::SetData)?;
+    }
     let caller = Caller::tenant(tenant).with_data(request.data);
     let outcome = app.host.call(&caller, &name, request.arguments).await;
     if let Err(CallError::NotFound { .. }) = outcome.result {
@@ -486,20 +533,25 @@ fn outcome_body(outcome: CallOutcome) -> Value {
     body
 }
 
-async fn policy(State(app): State<App>, Tenant(tenant): Tenant) -> Json<Value> {
-    Json(json!(*app.host.policy(&tenant)))
+async fn policy(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
+    Ok(Json(json!(*app.host.policy(&tenant))))
 }
 
-async fn approvals(State(app): State<App>, Tenant(tenant): Tenant) -> Json<Value> {
-    Json(json!({"pending": app.host.pending_approvals(&tenant)}))
+async fn approvals(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Decide)?;
+    Ok(Json(
+        json!({"pending": app.host.pending_approvals(&tenant)}),
+    ))
 }
 
 /// Runs the waiting call and answers with its outcome, as `/call` would have.
 async fn approve(
     State(app): State<App>,
-    Tenant(tenant): Tenant,
+    key: Key,
     Path(call_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Decide)?;
     let outcome = app
         .host
         .approve(&tenant, &call_id)
@@ -517,10 +569,11 @@ struct RejectRequest {
 
 async fn reject(
     State(app): State<App>,
-    Tenant(tenant): Tenant,
+    key: Key,
     Path(call_id): Path<String>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Decide)?;
     let request: RejectRequest = match &body {
         Ok(bytes) if bytes.is_empty() => RejectRequest::default(),
         _ => json_body(body)?,
@@ -561,9 +614,10 @@ struct ExportQuery {
 
 async fn export(
     State(app): State<App>,
-    Tenant(tenant): Tenant,
+    key: Key,
     Query(query): Query<ExportQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Read)?;
     let format: Format = query
         .format
         .as_deref()

@@ -4,6 +4,7 @@
 //! paths, tenant policies, and the outcome of a call. Nothing here runs Wasm, touches a disk
 //! or knows HTTP, so every crate of toolhost, and an app's own code, can share these types.
 
+pub mod access;
 pub mod call;
 pub mod clip;
 pub mod digest;

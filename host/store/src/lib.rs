@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use toolhost_spec::access::Role;
 use toolhost_spec::call::Caller;
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::ToolSpec;
@@ -102,6 +103,8 @@ pub struct KeyRecord {
     pub id: String,
     pub tenant: String,
     pub created_at_ms: u64,
+    #[serde(default = "Role::stored_before_roles")]
+    pub role: Role,
 }
 
 /// A tenant's configuration value, readable by the tools that declare its key.
@@ -600,6 +603,13 @@ impl Store for SledStore {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_key_stored_before_roles_reads_as_a_developer() {
+        let old = json!({"id": "4b715e2b", "tenant": "acme", "created_at_ms": 1});
+        let record: KeyRecord = serde_json::from_value(old).unwrap();
+        assert_eq!(record.role, Role::Developer);
+    }
 
     #[test]
     fn the_data_directory_is_the_owners_alone() {
