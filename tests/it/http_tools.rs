@@ -234,6 +234,24 @@ async fn secrets_fill_templates_and_never_reach_the_agent() {
     assert!(message.starts_with("HTTP 403"), "{message}");
     assert!(!message.contains("s3cr3t-value"), "{message}");
     assert!(!format!("{:?}", failed.log).contains("s3cr3t-value"));
+
+    // Echoed in the encodings APIs use: each is redacted too.
+    host.set_config("acme", "API_TOKEN", "s3cr3t/value+1", true)
+        .unwrap();
+    let echoes = [
+        ("percent-encoded", "s3cr3t%2Fvalue%2B1"),
+        ("JSON-escaped", "s3cr3t\\/value+1"),
+        ("in Basic credentials", "dXNlcjpzM2NyM3QvdmFsdWUrMQ=="),
+    ];
+    for (how, echoed) in echoes {
+        server.script([reply(200, &format!(r#"{{"seen": "{echoed}"}}"#))]);
+        let out = call(&host, "authed", json!({})).await;
+        let text = out.result.unwrap().to_string();
+        assert!(
+            text.contains("[redacted]") && !text.contains(echoed),
+            "{how}: {text}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -4,6 +4,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use toolhost_spec::call::{CallLog, Level, LogLine};
+
+use crate::redact::{self, redact};
 use toolhost_store::Store;
 
 /// Each of: helper log lines (all together), stdout, stderr.
@@ -11,7 +13,6 @@ pub const MAX_LOG_BYTES: usize = 64 * 1024;
 pub const MAX_KV_KEY_BYTES: usize = 256;
 pub const MAX_KV_VALUE_BYTES: usize = 64 * 1024;
 pub const MAX_KV_KEYS: usize = 1000;
-const REDACTED: &str = "[redacted]";
 
 /// One call's handle on the host. Cheap to clone; every clone serves the same call.
 #[derive(Clone, Default)]
@@ -41,7 +42,8 @@ struct LogBuffer {
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     dropped_bytes: u64,
-    /// Secret values this call read, to redact from everything it reports.
+    /// Every form of the secret values this call read, longest first, to redact from
+    /// everything it reports.
     secrets: Vec<String>,
 }
 
@@ -130,7 +132,11 @@ impl Helpers {
             .map_err(storage)?;
         Ok(value.map(|v| {
             if v.secret && !v.value.is_empty() {
-                self.buffer().secrets.push(v.value.clone());
+                let mut log = self.buffer();
+                log.secrets.extend(redact::forms(&v.value));
+                // Longest first across secrets too: one may hold another.
+                log.secrets
+                    .sort_by_key(|form| std::cmp::Reverse(form.len()));
             }
             v.value
         }))
@@ -193,12 +199,6 @@ impl Helpers {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-}
-
-fn redact(secrets: &[String], text: &str) -> String {
-    secrets.iter().fold(text.to_owned(), |text, secret| {
-        text.replace(secret.as_str(), REDACTED)
-    })
 }
 
 fn check_kv_key(key: &str) -> Result<(), HelperError> {

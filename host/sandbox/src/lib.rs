@@ -10,6 +10,7 @@
 pub mod egress;
 pub mod helpers;
 mod outbound;
+mod redact;
 mod sandbox;
 
 pub use helpers::{HelperError, Helpers};

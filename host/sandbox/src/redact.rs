@@ -1,0 +1,106 @@
+//! Keeping a secret out of what a call reports: the secret as it was read, and the forms an
+//! API that echoes it back is likely to use: percent-encoded (either hex case, `+` or `%20`
+//! for spaces), JSON-escaped, and base64 (standard and URL-safe, at any alignment inside a
+//! longer base64 string, as in `Authorization: Basic`).
+
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+
+pub(crate) const REDACTED: &str = "[redacted]";
+/// Shorter encoded fragments would match innocent text.
+const MIN_FORM_CHARS: usize = 6;
+
+/// Every form of `secret` to redact, longest first (so a longer form is never half-replaced
+/// by a shorter one inside it).
+pub(crate) fn forms(secret: &str) -> Vec<String> {
+    let mut forms = vec![secret.to_owned()];
+    let percent = utf8_percent_encode(secret, NON_ALPHANUMERIC).to_string();
+    forms.push(percent.to_ascii_lowercase());
+    forms.push(percent.replace("%20", "+"));
+    forms.push(percent.to_ascii_lowercase().replace("%20", "+"));
+    forms.push(percent);
+    // Only the characters an encoder must escape differ: `"`, `\` and controls, then `/`.
+    let json = serde_json::to_string(secret).expect("a string serializes");
+    let json = json[1..json.len() - 1].to_owned();
+    forms.push(json.replace('/', "\\/"));
+    forms.push(json);
+    for engine in [STANDARD_NO_PAD, URL_SAFE_NO_PAD] {
+        for offset in 0..3 {
+            forms.push(base64_core(&engine, secret.as_bytes(), offset));
+        }
+    }
+    forms.retain(|form| form == secret || form.len() >= MIN_FORM_CHARS);
+    forms.sort_by_key(|form| std::cmp::Reverse(form.len()));
+    forms.dedup();
+    forms
+}
+
+/// The base64 characters that depend only on `secret` when it starts `offset` bytes into a
+/// group of three: they appear in any encoding of a longer text that holds it there.
+fn base64_core(engine: &impl Engine, secret: &[u8], offset: usize) -> String {
+    let padded = [&vec![0u8; offset][..], secret].concat();
+    let encoded = engine.encode(&padded);
+    let first = if offset == 0 { 0 } else { 4 };
+    let last = padded.len() / 3 * 4;
+    encoded.get(first..last).unwrap_or_default().to_owned()
+}
+
+/// `text` with every form of every secret replaced.
+pub(crate) fn redact(forms: &[String], text: &str) -> String {
+    forms.iter().fold(text.to_owned(), |text, form| {
+        text.replace(form.as_str(), REDACTED)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "s3cr3t/Token+value \"x\"";
+
+    fn clean(text: &str) -> String {
+        redact(&forms(SECRET), text)
+    }
+
+    #[test]
+    fn every_encoding_an_echo_uses_is_redacted() {
+        let encoded = [
+            SECRET.to_owned(),
+            utf8_percent_encode(SECRET, NON_ALPHANUMERIC).to_string(),
+            utf8_percent_encode(SECRET, NON_ALPHANUMERIC)
+                .to_string()
+                .to_lowercase(),
+            url::form_urlencoded::byte_serialize(SECRET.as_bytes()).collect(),
+            serde_json::to_string(SECRET).unwrap(),
+            serde_json::to_string(SECRET).unwrap().replace('/', "\\/"),
+        ];
+        for form in encoded {
+            let echoed = format!("{{\"echo\": \"before {form} after\"}}");
+            let cleaned = clean(&echoed);
+            assert!(cleaned.contains(REDACTED), "{form} -> {cleaned}");
+            assert!(cleaned.starts_with("{\"echo\": \"before "), "{cleaned}");
+        }
+    }
+
+    #[test]
+    fn base64_is_caught_inside_longer_text_at_every_alignment() {
+        for prefix in ["", "u", "us", "user:"] {
+            let credentials = format!("{prefix}{SECRET}-and-more");
+            for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD] {
+                let echoed = engine.encode(&credentials);
+                let cleaned = clean(&format!("Basic {echoed}"));
+                assert!(
+                    cleaned.contains(REDACTED),
+                    "{prefix:?}: {echoed} -> {cleaned}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn short_fragments_are_left_alone() {
+        assert_eq!(forms("ab"), vec!["ab".to_owned()]);
+        assert_eq!(clean("nothing secret here"), "nothing secret here");
+    }
+}
