@@ -445,7 +445,7 @@ async fn a_proxy_gets_the_absolute_url_and_its_own_headers() {
             "proxied",
             json!({
                 "method": "get",
-                "url": "http://api.example.invalid/v1/things",
+                "url": "http://localhost:8/v1/things",
                 "headers": {"X-Api": "1"},
                 "proxy": {"url": format!("http://{addr}"), "headers": {"Proxy-Authorization": "Basic {{secret.PROXY}}"}}
             }),
@@ -457,9 +457,37 @@ async fn a_proxy_gets_the_absolute_url_and_its_own_headers() {
     let out = call(&host, "proxied", json!({})).await;
     assert_eq!(out.result, Ok(json!({"ok": true})));
     let seen = &proxy.seen()[0];
-    assert_eq!(seen.uri, "http://api.example.invalid/v1/things");
+    // The address egress checked, so the proxy cannot resolve the name elsewhere.
+    assert_eq!(seen.uri, "http://127.0.0.1:8/v1/things");
+    assert_eq!(seen.headers["host"], "localhost:8");
     assert_eq!(seen.headers["proxy-authorization"], "Basic dXNlcjpwdw==");
     assert_eq!(seen.headers["x-api"], "1");
+}
+
+/// An allowed proxy once carried requests to any target, such as a cloud metadata address:
+/// the target passes the same egress rules as a direct request.
+#[tokio::test]
+async fn a_proxy_does_not_carry_requests_where_egress_would_not_go() {
+    let (proxy, addr) = Server::start().await;
+    let host = loopback_host();
+    for (name, url) in [
+        ("metadata", "http://169.254.169.254/latest/meta-data/"),
+        ("tunnelled", "https://10.0.0.1/"),
+        ("unresolvable", "http://api.example.invalid/"),
+    ] {
+        let request =
+            json!({"method": "get", "url": url, "proxy": {"url": format!("http://{addr}")}});
+        host.install_http("acme", def(name, request)).unwrap();
+        let out = call(&host, name, json!({})).await;
+        let error = tool_error(&out).to_owned();
+        let why = if name == "unresolvable" {
+            "must resolve here"
+        } else {
+            "egress.allow_private"
+        };
+        assert!(error.contains(why), "{name}: {error}");
+    }
+    assert!(proxy.seen().is_empty(), "nothing reached the proxy");
 }
 
 #[tokio::test]

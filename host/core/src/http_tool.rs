@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use toolhost_sandbox::egress::{ConnectError, EgressConfig};
+use toolhost_sandbox::egress::{ConnectError, EgressConfig, EgressError};
 use toolhost_sandbox::helpers::Helpers;
 use toolhost_spec::call::ToolError;
 use toolhost_spec::spec::{SpecError, ToolSpec, is_valid_config_key};
@@ -592,6 +592,7 @@ async fn send(
     let host = target.host_str().unwrap_or_default().to_owned();
     let port = target.port_or_known_default().unwrap_or(80);
     let https = target.scheme() == "https";
+    let mut pinned = None;
     let (stream, absolute_form): (Box<dyn Io>, bool) = match &request.proxy {
         None => {
             let tcp = connect(egress, &host, port).await?;
@@ -601,10 +602,19 @@ async fn send(
             }
         }
         Some((proxy, proxy_headers)) => {
+            // The proxy reaches the target for us: the target passes egress here, and the
+            // proxy is handed the address that passed, never the name to resolve again.
+            let checked = egress.resolve(&host, port).await.map_err(|e| match e {
+                EgressError::Private { .. } => AttemptError::Fatal(ToolError::failed(e)),
+                EgressError::Resolve { .. } => AttemptError::Connection(format!(
+                    "{e} (a proxied request's target must resolve here, for egress to check it)"
+                )),
+            })?[0];
+            pinned = Some(checked);
             let proxy_host = proxy.host_str().unwrap_or_default();
             let tcp = connect(egress, proxy_host, proxy.port().unwrap_or(80)).await?;
             if https {
-                let tunnel = connect_tunnel(tcp, &host, port, proxy_headers).await?;
+                let tunnel = connect_tunnel(tcp, &checked.to_string(), proxy_headers).await?;
                 (Box::new(tls(tunnel, &host).await?), false)
             } else {
                 (Box::new(tcp), true)
@@ -617,7 +627,12 @@ async fn send(
     tokio::spawn(connection);
 
     let uri = if absolute_form {
-        target.as_str().to_owned()
+        // The checked address in the URL; the name stays in `Host`.
+        let mut at = target.clone();
+        if let Some(checked) = pinned {
+            let _ = at.set_ip_host(checked.ip());
+        }
+        at.as_str().to_owned()
     } else {
         target[url::Position::BeforePath..url::Position::AfterQuery].to_owned()
     };
@@ -717,19 +732,17 @@ async fn tls<S: AsyncRead + AsyncWrite + Unpin>(
 /// Opens a tunnel through an HTTP proxy with `CONNECT`.
 async fn connect_tunnel(
     tcp: TcpStream,
-    host: &str,
-    port: u16,
+    authority: &str,
     proxy_headers: &[(HeaderName, HeaderValue)],
 ) -> Result<TokioIo<hyper::upgrade::Upgraded>, AttemptError> {
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
         .map_err(|e| AttemptError::Connection(format!("proxy handshake: {e}")))?;
     tokio::spawn(connection.with_upgrades());
-    let authority = format!("{host}:{port}");
     let mut builder = Request::builder()
         .method(hyper::Method::CONNECT)
-        .uri(&authority)
-        .header(HOST, &authority);
+        .uri(authority)
+        .header(HOST, authority);
     for (name, value) in proxy_headers {
         builder = builder.header(name, value);
     }
