@@ -4,6 +4,7 @@
 mod crash;
 mod disclosure;
 mod e2e;
+mod faults;
 mod grants;
 mod http_tools;
 mod isolation;

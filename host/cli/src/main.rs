@@ -228,6 +228,14 @@ fn usage(message: impl std::fmt::Display) -> Failure {
     Failure(2, format!("error: {message}"))
 }
 
+/// A refused install is the input's fault (2); a failing store is not (1).
+fn install_error(error: toolhost::InstallError) -> Failure {
+    match error {
+        toolhost::InstallError::Store(_) => Failure(1, format!("error: {error}")),
+        refused => usage(refused),
+    }
+}
+
 fn default_data_dir() -> PathBuf {
     let base = std::env::var_os("XDG_DATA_HOME")
         .map(PathBuf::from)
@@ -353,7 +361,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let specs = if is_js {
                 let source = String::from_utf8(bytes)
                     .map_err(|_| usage(format!("{}: not UTF-8", file.display())))?;
-                vec![host.install_js(&tenant, &source).await.map_err(usage)?]
+                vec![
+                    host.install_js(&tenant, &source)
+                        .await
+                        .map_err(install_error)?,
+                ]
             } else if bytes.trim_ascii_start().starts_with(b"{") {
                 let def = serde_json::from_slice(&bytes).map_err(|e| {
                     usage(format!(
@@ -361,9 +373,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         file.display()
                     ))
                 })?;
-                vec![host.install_http(&tenant, def).map_err(usage)?]
+                vec![host.install_http(&tenant, def).map_err(install_error)?]
             } else {
-                host.install(&tenant, bytes).await.map_err(usage)?
+                host.install(&tenant, bytes).await.map_err(install_error)?
             };
             for spec in specs {
                 println!("installed {}", spec.name);

@@ -14,6 +14,7 @@
 //! them, so a crash between the two leaves at worst an unreferenced blob, never an entry that
 //! points at nothing. Every write that must survive a crash is flushed before it returns.
 
+use std::mem::ManuallyDrop;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -227,8 +228,15 @@ fn key(parts: &[&str]) -> Vec<u8> {
 }
 
 pub struct SledStore {
+    /// Closed by `Drop` on a thread of its own, within a bound.
+    sled: ManuallyDrop<Sled>,
     /// Held for the life of the store: one process per data directory.
     _lock: Option<std::fs::File>,
+}
+
+/// sled's handles. Dropping the last one flushes, and on a failing disk that flush can wait
+/// forever.
+struct Sled {
     db: sled::Db,
     tools: sled::Tree,
     blobs: sled::Tree,
@@ -292,8 +300,7 @@ impl SledStore {
     }
 
     fn from_db(db: sled::Db, lock: Option<std::fs::File>) -> Result<Self> {
-        Ok(SledStore {
-            _lock: lock,
+        let sled = Sled {
             tools: db.open_tree("tools")?,
             blobs: db.open_tree("blobs")?,
             artifacts: db.open_tree("artifacts")?,
@@ -306,12 +313,41 @@ impl SledStore {
             held_calls: db.open_tree("held_calls")?,
             search_vectors: db.open_tree("search_vectors")?,
             db,
+        };
+        Ok(SledStore {
+            sled: ManuallyDrop::new(sled),
+            _lock: lock,
         })
     }
 
     fn flush(&self) -> Result<()> {
-        self.db.flush()?;
+        self.sled.db.flush()?;
         Ok(())
+    }
+}
+
+/// How long closing the store may take before the host gives up on it (the disk is failing;
+/// what was acknowledged was flushed when it was written).
+const CLOSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
+impl Drop for SledStore {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and never used again.
+        let sled = unsafe { ManuallyDrop::take(&mut self.sled) };
+        let (closed, done) = std::sync::mpsc::channel();
+        let closing = std::thread::Builder::new()
+            .name("toolhost-store-close".into())
+            .spawn(move || {
+                drop(sled);
+                let _ = closed.send(());
+            });
+        if closing.is_ok() && done.recv_timeout(CLOSE_WITHIN).is_err() {
+            tracing::error!(
+                "the store did not close within {} s: its disk is failing (full, removed or \
+                 erroring); every acknowledged write was flushed when it was made",
+                CLOSE_WITHIN.as_secs()
+            );
+        }
     }
 }
 
@@ -350,12 +386,12 @@ fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
 
 impl Store for SledStore {
     fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
-        readable_entries(self.tools.iter())
+        readable_entries(self.sled.tools.iter())
     }
 
     fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
         let prefix = [tenant.as_bytes(), b"\0"].concat();
-        readable_entries(self.tools.scan_prefix(prefix))
+        readable_entries(self.sled.tools.scan_prefix(prefix))
     }
 
     fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {
@@ -364,22 +400,22 @@ impl Store for SledStore {
             let value = serde_json::to_vec(entry).expect("an entry serializes");
             batch.insert(key(&[&entry.tenant, &entry.name]), value);
         }
-        self.tools.apply_batch(batch)?;
+        self.sled.tools.apply_batch(batch)?;
         self.flush()
     }
 
     fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool> {
-        let removed = self.tools.remove(key(&[tenant, name]))?.is_some();
+        let removed = self.sled.tools.remove(key(&[tenant, name]))?.is_some();
         self.flush()?;
         Ok(removed)
     }
 
     fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.blobs.get(sha)?.map(|v| v.to_vec()))
+        Ok(self.sled.blobs.get(sha)?.map(|v| v.to_vec()))
     }
 
     fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
-        self.blobs.insert(sha, bytes)?;
+        self.sled.blobs.insert(sha, bytes)?;
         self.flush()
     }
 
@@ -390,13 +426,13 @@ impl Store for SledStore {
         fingerprint: &str,
         artifact: &[u8],
     ) -> Result<()> {
-        self.blobs.insert(sha, bytes)?;
+        self.sled.blobs.insert(sha, bytes)?;
         self.put_artifact(sha, fingerprint, artifact)
     }
 
     fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>> {
         let key = format!("{sha}:{fingerprint}");
-        let Some(stored) = self.artifacts.get(&key)? else {
+        let Some(stored) = self.sled.artifacts.get(&key)? else {
             return Ok(None);
         };
         if stored.len() >= 32 && Sha256::digest(&stored[32..])[..] == stored[..32] {
@@ -406,25 +442,26 @@ impl Store for SledStore {
             component = sha,
             "compiled artifact failed its checksum; recompiling"
         );
-        self.artifacts.remove(&key)?;
+        self.sled.artifacts.remove(&key)?;
         Ok(None)
     }
 
     fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()> {
         let stored = [&Sha256::digest(artifact)[..], artifact].concat();
-        self.artifacts
+        self.sled
+            .artifacts
             .insert(format!("{sha}:{fingerprint}"), stored)?;
         self.flush()
     }
 
     fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>> {
-        let Some(stored) = self.cache.get(key)? else {
+        let Some(stored) = self.sled.cache.get(key)? else {
             return Ok(None);
         };
         let (expiry, json) = stored.split_at(8.min(stored.len()));
         let expires_at_ms = u64::from_be_bytes(expiry.try_into().unwrap_or([0; 8]));
         if expires_at_ms <= now_ms {
-            self.cache.remove(key)?;
+            self.sled.cache.remove(key)?;
             return Ok(None);
         }
         // A damaged entry is a miss, not an error: the tool can always run again.
@@ -433,18 +470,19 @@ impl Store for SledStore {
 
     fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()> {
         let json = serde_json::to_vec(value).expect("a Value serializes");
-        self.cache
+        self.sled
+            .cache
             .insert(key, [&expires_at_ms.to_be_bytes()[..], &json].concat())?;
         Ok(())
     }
 
     fn cache_purge(&self, now_ms: u64) -> Result<usize> {
         let mut purged = 0;
-        for entry in self.cache.iter() {
+        for entry in self.sled.cache.iter() {
             let (key, stored) = entry?;
             let expiry = stored.get(..8).and_then(|b| b.try_into().ok());
             if expiry.map_or(0, u64::from_be_bytes) <= now_ms {
-                self.cache.remove(key)?;
+                self.sled.cache.remove(key)?;
                 purged += 1;
             }
         }
@@ -452,44 +490,49 @@ impl Store for SledStore {
     }
 
     fn kv_get(&self, tenant: &str, tool: &str, k: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.kv.get(key(&[tenant, tool, k]))?.map(|v| v.to_vec()))
+        Ok(self
+            .sled
+            .kv
+            .get(key(&[tenant, tool, k]))?
+            .map(|v| v.to_vec()))
     }
 
     fn kv_set(&self, tenant: &str, tool: &str, k: &str, value: &[u8]) -> Result<()> {
-        self.kv.insert(key(&[tenant, tool, k]), value)?;
+        self.sled.kv.insert(key(&[tenant, tool, k]), value)?;
         self.flush()
     }
 
     fn kv_delete(&self, tenant: &str, tool: &str, k: &str) -> Result<bool> {
-        let removed = self.kv.remove(key(&[tenant, tool, k]))?.is_some();
+        let removed = self.sled.kv.remove(key(&[tenant, tool, k]))?.is_some();
         self.flush()?;
         Ok(removed)
     }
 
     fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize> {
         let prefix = [key(&[tenant, tool]), b"\0".to_vec()].concat();
-        Ok(self.kv.scan_prefix(prefix).count())
+        Ok(self.sled.kv.scan_prefix(prefix).count())
     }
 
     fn config_get(&self, tenant: &str, k: &str) -> Result<Option<ConfigValue>> {
-        get_json(&self.config, &key(&[tenant, k]))
+        get_json(&self.sled.config, &key(&[tenant, k]))
     }
 
     fn config_set(&self, tenant: &str, k: &str, value: &ConfigValue) -> Result<()> {
         let json = serde_json::to_vec(value).expect("a config value serializes");
-        self.config.insert(key(&[tenant, k]), json)?;
+        self.sled.config.insert(key(&[tenant, k]), json)?;
         self.flush()
     }
 
     fn config_delete(&self, tenant: &str, k: &str) -> Result<bool> {
-        let removed = self.config.remove(key(&[tenant, k]))?.is_some();
+        let removed = self.sled.config.remove(key(&[tenant, k]))?.is_some();
         self.flush()?;
         Ok(removed)
     }
 
     fn config_keys(&self, tenant: &str) -> Result<Vec<String>> {
         let prefix = [tenant.as_bytes(), b"\0"].concat();
-        self.config
+        self.sled
+            .config
             .scan_prefix(&prefix)
             .map(|entry| {
                 let (key, _) = entry?;
@@ -499,23 +542,23 @@ impl Store for SledStore {
     }
 
     fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>> {
-        get_json(&self.policies, tenant.as_bytes())
+        get_json(&self.sled.policies, tenant.as_bytes())
     }
 
     fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()> {
         let json = serde_json::to_vec(policy).expect("a policy serializes");
-        self.policies.insert(tenant, json)?;
+        self.sled.policies.insert(tenant, json)?;
         self.flush()
     }
 
     fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()> {
         let json = serde_json::to_vec(held).expect("a held call serializes");
-        self.held_calls.insert(call_id, json)?;
+        self.sled.held_calls.insert(call_id, json)?;
         self.flush()
     }
 
     fn held_call_remove(&self, call_id: &str) -> Result<bool> {
-        let removed = self.held_calls.remove(call_id)?.is_some();
+        let removed = self.sled.held_calls.remove(call_id)?.is_some();
         self.flush()?;
         Ok(removed)
     }
@@ -523,7 +566,7 @@ impl Store for SledStore {
     /// Every record that parses; an unreadable one is logged and left in place.
     fn held_calls(&self) -> Result<Vec<(String, HeldCall)>> {
         let mut calls = Vec::new();
-        for item in self.held_calls.iter() {
+        for item in self.sled.held_calls.iter() {
             let (key, value) = item?;
             match serde_json::from_slice(&value) {
                 Ok(held) => calls.push((String::from_utf8_lossy(&key).into_owned(), held)),
@@ -534,16 +577,21 @@ impl Store for SledStore {
     }
 
     fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.search_vectors.get(key)?.map(|bytes| bytes.to_vec()))
+        Ok(self
+            .sled
+            .search_vectors
+            .get(key)?
+            .map(|bytes| bytes.to_vec()))
     }
 
     fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
-        self.search_vectors.insert(key, vector)?;
+        self.sled.search_vectors.insert(key, vector)?;
         Ok(())
     }
 
     fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
         let created = self
+            .sled
             .tenants
             .compare_and_swap(
                 tenant,
@@ -556,7 +604,8 @@ impl Store for SledStore {
     }
 
     fn tenants(&self) -> Result<Vec<String>> {
-        self.tenants
+        self.sled
+            .tenants
             .iter()
             .keys()
             .map(|k| Ok(String::from_utf8_lossy(&k?).into_owned()))
@@ -565,16 +614,17 @@ impl Store for SledStore {
 
     fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()> {
         let json = serde_json::to_vec(record).expect("a key record serializes");
-        self.keys.insert(key_hash, json)?;
+        self.sled.keys.insert(key_hash, json)?;
         self.flush()
     }
 
     fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>> {
-        get_json(&self.keys, key_hash.as_bytes())
+        get_json(&self.sled.keys, key_hash.as_bytes())
     }
 
     fn keys(&self) -> Result<Vec<KeyRecord>> {
-        self.keys
+        self.sled
+            .keys
             .iter()
             .map(|item| {
                 let (key, value) = item?;
@@ -585,12 +635,12 @@ impl Store for SledStore {
 
     fn key_revoke(&self, id: &str) -> Result<bool> {
         let mut revoked = false;
-        for item in self.keys.iter() {
+        for item in self.sled.keys.iter() {
             let (hash, value) = item?;
             let record: KeyRecord =
                 serde_json::from_slice(&value).map_err(|e| corrupt(&hash, e))?;
             if record.id == id {
-                self.keys.remove(hash)?;
+                self.sled.keys.remove(hash)?;
                 revoked = true;
             }
         }
@@ -699,6 +749,7 @@ mod tests {
         entry.push(SourceKind::Wasm, spec, "sha".into(), 1);
         store.put_tool_entries(&[entry.clone()]).unwrap();
         store
+            .sled
             .tools
             .insert(key(&["a", "broken"]), &b"{not an entry"[..])
             .unwrap();
