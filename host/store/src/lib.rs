@@ -685,11 +685,11 @@ mod tests {
             Some(&b"machine code"[..])
         );
         assert_eq!(store.artifact("abc", "other-engine").unwrap(), None);
-        let mut stored = store.artifacts.get("abc:fp").unwrap().unwrap().to_vec();
+        let mut stored = store.sled.artifacts.get("abc:fp").unwrap().unwrap().to_vec();
         *stored.last_mut().unwrap() ^= 1;
-        store.artifacts.insert("abc:fp", stored).unwrap();
+        store.sled.artifacts.insert("abc:fp", stored).unwrap();
         assert_eq!(store.artifact("abc", "fp").unwrap(), None);
-        assert!(store.artifacts.get("abc:fp").unwrap().is_none());
+        assert!(store.sled.artifacts.get("abc:fp").unwrap().is_none());
         assert_eq!(store.blob("abc").unwrap().as_deref(), Some(&b"blob"[..]));
     }
 
@@ -709,7 +709,7 @@ mod tests {
         assert_eq!(store.cache_get(b"k", 999).unwrap(), Some(json!({"a": 1})));
         assert_eq!(store.cache_purge(500).unwrap(), 1);
         assert_eq!(store.cache_get(b"k", 1_000).unwrap(), None);
-        assert_eq!(store.cache.len(), 0, "an expired read drops the entry");
+        assert_eq!(store.sled.cache.len(), 0, "an expired read drops the entry");
     }
 
     #[test]
@@ -756,7 +756,7 @@ mod tests {
         assert_eq!(store.tool_entries().unwrap(), vec![entry.clone()]);
         assert_eq!(store.tool_entries_of("a").unwrap(), vec![entry]);
         assert!(
-            store.tools.get(key(&["a", "broken"])).unwrap().is_some(),
+            store.sled.tools.get(key(&["a", "broken"])).unwrap().is_some(),
             "left in place"
         );
     }
