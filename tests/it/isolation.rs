@@ -133,3 +133,42 @@ async fn a_result_too_large_to_parse_is_refused_unread() {
         "{message}"
     );
 }
+
+/// Installing runs the component's code in the shared instance slots, so it passes the
+/// tenant's gates as a call does: `max_concurrent: 1` once could be bypassed by installing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_passes_the_tenants_gates_like_a_call() {
+    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    host.install("acme", crate::plugins::plugin("probe"))
+        .await
+        .unwrap();
+    let policy = serde_json::from_value(json!({"max_concurrent": 1})).unwrap();
+    host.set_policy("acme", policy).unwrap();
+    let started = crate::plugins::next_call_started(&host);
+    let busy = {
+        let host = host.clone();
+        tokio::spawn(async move {
+            host.call(&Caller::tenant("acme"), "busy", json!({"ms": 1500}))
+                .await
+        })
+    };
+    started.await.unwrap();
+    let refused = host
+        .install("acme", crate::plugins::plugin("text_stats"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            InstallError::Admission {
+                limit: "max_concurrent",
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert_eq!(busy.await.unwrap().code(), "ok");
+    host.install("acme", crate::plugins::plugin("text_stats"))
+        .await
+        .expect("admitted once the call ended");
+}

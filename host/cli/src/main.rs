@@ -231,7 +231,9 @@ fn usage(message: impl std::fmt::Display) -> Failure {
 /// A refused install is the input's fault (2); a failing store is not (1).
 fn install_error(error: toolhost::InstallError) -> Failure {
     match error {
-        toolhost::InstallError::Store(_) => Failure(1, format!("error: {error}")),
+        toolhost::InstallError::Store(_) | toolhost::InstallError::Admission { .. } => {
+            Failure(1, format!("error: {error}"))
+        }
         refused => usage(refused),
     }
 }

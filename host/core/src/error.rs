@@ -43,6 +43,12 @@ pub enum InstallError {
     /// The module does not compile or run, or has no usable `spec` export.
     #[error("the JavaScript source: {0}")]
     JsSource(String),
+    /// Installing runs the component's code, so it passes the same gates as a call.
+    #[error("not admitted: {message}")]
+    Admission {
+        limit: &'static str,
+        message: String,
+    },
     #[error("tool `{0}`: the name belongs to a native tool of this host")]
     NativeName(String),
     #[error("tool `{0}`: the name is reserved for the host's tool-search bridges")]

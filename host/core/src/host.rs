@@ -119,6 +119,7 @@ impl Host {
         tenant: &str,
         component: Vec<u8>,
     ) -> Result<Vec<ToolSpec>, InstallError> {
+        let _admitted = self.pipeline.admit_install(tenant).await?;
         self.catalog.install(tenant, component).await
     }
 
@@ -133,6 +134,7 @@ impl Host {
     /// it is callable at once: nothing is compiled. The module is evaluated once here, under
     /// the default limits, to read its spec; a syntax error names the line and column.
     pub async fn install_js(&self, tenant: &str, source: &str) -> Result<ToolSpec, InstallError> {
+        let _admitted = self.pipeline.admit_install(tenant).await?;
         self.catalog.install_js(tenant, source).await
     }
 

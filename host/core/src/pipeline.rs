@@ -20,10 +20,11 @@ use toolhost_spec::policy::{Decision, TenantPolicy};
 use toolhost_spec::spec::Limits;
 use toolhost_store::{Store, now_ms};
 
-use crate::admission::{Admission, Shares};
+use crate::admission::{Admission, Permit, Shares};
 use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::catalog::{Catalog, Resolved};
 use crate::config::MAX_NESTING_DEPTH;
+use crate::error::InstallError;
 use crate::exec::{self, Executors, MAX_ERROR_CHARS, truncate};
 use crate::hooks::{CallHook, HookCall};
 use crate::metrics::Metrics;
@@ -254,6 +255,33 @@ impl Pipeline {
             ..budget
         };
         Some((first, Some(place)))
+    }
+
+    /// An install runs guest code (`list-tools`, or a JS module's evaluation): it passes the
+    /// tenant's rate and concurrency limits and waits for a place in its share, as a call.
+    pub async fn admit_install(
+        &self,
+        tenant: &str,
+    ) -> Result<(Permit, OwnedSemaphorePermit), InstallError> {
+        let policy = self.tenants.policy(tenant);
+        let permit =
+            self.admission
+                .admit(tenant, &policy)
+                .map_err(|refused| InstallError::Admission {
+                    limit: refused.limit,
+                    message: refused.message,
+                })?;
+        let deadline = Instant::now() + Limits::default().timeout();
+        let place =
+            self.shares
+                .enter(tenant, deadline)
+                .await
+                .ok_or_else(|| InstallError::Admission {
+                    limit: "tenant_share",
+                    message: "the tenant's share of the host stayed busy for the whole timeout"
+                        .into(),
+                })?;
+        Ok((permit, place))
     }
 
     /// Holds a call for approval: the error the caller gets now.

@@ -221,6 +221,7 @@ impl From<InstallError> for ApiError {
             | InstallError::ReservedName(_)
             | InstallError::CaseConflict { .. } => (StatusCode::CONFLICT, "name_conflict"),
             InstallError::Tenant(_) => (StatusCode::BAD_REQUEST, "invalid_tenant"),
+            InstallError::Admission { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             InstallError::Store(_) => return Self::internal(error),
         };
         Self::new(status, code, error.to_string())

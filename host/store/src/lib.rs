@@ -685,7 +685,13 @@ mod tests {
             Some(&b"machine code"[..])
         );
         assert_eq!(store.artifact("abc", "other-engine").unwrap(), None);
-        let mut stored = store.sled.artifacts.get("abc:fp").unwrap().unwrap().to_vec();
+        let mut stored = store
+            .sled
+            .artifacts
+            .get("abc:fp")
+            .unwrap()
+            .unwrap()
+            .to_vec();
         *stored.last_mut().unwrap() ^= 1;
         store.sled.artifacts.insert("abc:fp", stored).unwrap();
         assert_eq!(store.artifact("abc", "fp").unwrap(), None);
@@ -756,7 +762,12 @@ mod tests {
         assert_eq!(store.tool_entries().unwrap(), vec![entry.clone()]);
         assert_eq!(store.tool_entries_of("a").unwrap(), vec![entry]);
         assert!(
-            store.sled.tools.get(key(&["a", "broken"])).unwrap().is_some(),
+            store
+                .sled
+                .tools
+                .get(key(&["a", "broken"]))
+                .unwrap()
+                .is_some(),
             "left in place"
         );
     }
