@@ -438,3 +438,38 @@ async fn a_restart_reuses_the_stored_search_vectors() {
     );
     assert_eq!(restarted_encoder.encoded(), 1, "only the query");
 }
+
+/// The bridges check their arguments against the schemas they list, as any tool does.
+#[tokio::test]
+async fn the_bridges_enforce_their_own_input_schemas() {
+    let host = host().await;
+    let disclosure = Disclosure::new(host.clone(), DisclosureConfig::default());
+    let caller = Caller::tenant("acme");
+    for (bridge, args, at) in [
+        (TOOL_SEARCH, json!({"query": 5}), "/query"),
+        (
+            TOOL_SEARCH,
+            json!({"query": "units", "limit": 10_000}),
+            "/limit",
+        ),
+        (TOOL_SEARCH, json!({}), ""),
+        (TOOL_DESCRIBE, json!({"name": ["text_stats"]}), "/name"),
+        (
+            TOOL_CALL,
+            json!({"name": "text_stats", "arguments": "text"}),
+            "/arguments",
+        ),
+    ] {
+        match disclosure.call(&caller, bridge, args.clone()).await {
+            Err(CallError::InvalidArgs { errors }) => {
+                assert_eq!(errors[0].path, at, "{bridge} {args}: {errors:?}");
+            }
+            other => panic!("{bridge} {args}: {other:?}"),
+        }
+    }
+    let found = disclosure
+        .call(&caller, TOOL_SEARCH, json!({"query": "units", "limit": 2}))
+        .await
+        .unwrap();
+    assert!(found["results"].as_array().unwrap().len() <= 2);
+}

@@ -954,3 +954,43 @@ async fn each_key_role_reaches_exactly_its_routes() {
     .await;
     assert!(forbidden(mcp.clone()), "{mcp:?}");
 }
+
+/// A web page of another origin must not reach `/mcp` (DNS rebinding): 403, unless the
+/// operator allowed that origin. Requests without `Origin` (not from a browser) and from the
+/// server's own origin pass.
+#[tokio::test]
+async fn mcp_refuses_requests_from_other_origins() {
+    let api = api();
+    let options = toolhost_server::ServerOptions {
+        allowed_origins: vec!["https://console.example.com".into()],
+        ..Default::default()
+    };
+    let router = router(api.host.clone(), options);
+    let mcp = |origin: Option<&str>| {
+        let mut request = Request::builder()
+            .method("POST")
+            .uri("/mcp")
+            .header("host", "127.0.0.1:8080")
+            .header("authorization", format!("Bearer {}", api.acme))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
+        tower::ServiceExt::oneshot(router.clone(), request.body(Body::from(body)).unwrap())
+    };
+    let refused = mcp(Some("http://rebound.example:8080")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let body = refused.into_body().collect().await.unwrap().to_bytes();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error_code(&body), "forbidden_origin");
+    for passes in [
+        None,
+        Some("http://127.0.0.1:8080"),
+        Some("https://console.example.com"),
+    ] {
+        let response = mcp(passes).await.unwrap();
+        assert_ne!(response.status(), StatusCode::FORBIDDEN, "{passes:?}");
+    }
+}

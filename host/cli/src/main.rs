@@ -87,6 +87,10 @@ enum Command {
     Serve {
         #[arg(long, default_value = "127.0.0.1:8080", env = "TOOLHOST_LISTEN")]
         listen: std::net::SocketAddr,
+        /// An origin (`https://console.example.com`) whose web pages may call `/mcp`, beside
+        /// the server's own; repeat or comma-separate for more. Others get 403.
+        #[arg(long, env = "TOOLHOST_ALLOW_ORIGIN", value_delimiter = ',')]
+        allow_origin: Vec<String>,
         #[command(flatten)]
         disclosure: DisclosureArgs,
     },
@@ -465,10 +469,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let version = host.rollback(&tenant, &tool, to).map_err(usage)?;
             println!("{tool} is now at version {version}");
         }
-        Command::Serve { listen, disclosure } => {
+        Command::Serve {
+            listen,
+            allow_origin,
+            disclosure,
+        } => {
             // The search model loads (or fails) before the port opens.
             let options = toolhost_server::server::ServerOptions {
                 disclosure: disclosure.config()?,
+                allowed_origins: allow_origin,
                 ..Default::default()
             };
             let listener = tokio::net::TcpListener::bind(listen)

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use toolhost::schema::ArgError;
+use toolhost::schema::{ArgError, ArgsValidator};
 use toolhost::{CallError, CallOutcome, Caller, Host, Store, ToolSpec};
 use toolhost_search::{Index, SentenceEncoder, ToolVectors, VectorCache};
 
@@ -71,6 +71,9 @@ pub struct Disclosure {
     indexes: Mutex<HashMap<String, Arc<TenantIndex>>>,
     /// With a search model: its vectors of tool texts, kept in memory and in the store.
     tool_vectors: Option<ToolVectors>,
+    /// Each bridge's own input schema, compiled once: a bridge checks its arguments as any
+    /// tool does.
+    bridge_args: HashMap<String, ArgsValidator>,
 }
 
 struct TenantIndex {
@@ -85,11 +88,19 @@ impl Disclosure {
             let cache: Arc<dyn VectorCache> = Arc::new(StoreVectors(host.store().clone()));
             ToolVectors::new(encoder, Some(cache))
         });
+        let bridge_args = bridges(&config)
+            .into_iter()
+            .map(|spec| {
+                let validator = spec.validate().expect("the bridges' schemas are valid");
+                (spec.name, validator)
+            })
+            .collect();
         Disclosure {
             host,
             config,
             indexes: Mutex::default(),
             tool_vectors,
+            bridge_args,
         }
     }
 
@@ -128,7 +139,7 @@ impl Disclosure {
                 || self.config.eager_tools.contains(&s.name)
         };
         let mut listing: Vec<ToolSpec> = visible.into_iter().filter(eager).collect();
-        listing.extend(self.bridges());
+        listing.extend(bridges(&self.config));
         listing
     }
 
@@ -153,40 +164,13 @@ impl Disclosure {
             }
     }
 
-    fn bridges(&self) -> Vec<ToolSpec> {
-        let max = self.config.max_search_limit;
-        let mut bridges = vec![
-            ToolSpec::new(
-                TOOL_SEARCH,
-                "Searches the available tools by what they do. Returns the best matches with their descriptions; the top ones include their input schema.",
-                json!({"type": "object", "required": ["query"], "properties": {
-                    "query": {"type": "string", "description": "What the tool should do, in a few words."},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": max, "description": "How many tools to return."}
-                }}),
-            ),
-            ToolSpec::new(
-                TOOL_DESCRIBE,
-                "Returns a tool's full description and input schema, by name.",
-                json!({"type": "object", "required": ["name"], "properties": {
-                    "name": {"type": "string", "description": "The tool's exact name."}
-                }}),
-            ),
-        ];
-        if self.config.call_bridge {
-            bridges.push(ToolSpec::new(
-                TOOL_CALL,
-                "Calls a tool found with tool_search, by name, with its arguments.",
-                json!({"type": "object", "required": ["name", "arguments"], "properties": {
-                    "name": {"type": "string"},
-                    "arguments": {"type": "object", "description": "Arguments matching the tool's input schema."}
-                }}),
-            ));
-        }
-        bridges
-    }
-
     /// Calls `name`: a bridge, or any tool through the host.
     pub async fn call(&self, caller: &Caller, name: &str, args: Value) -> Result<Value, CallError> {
+        if let Some(validator) = self.bridge_args.get(name) {
+            validator
+                .validate(&args)
+                .map_err(|errors| CallError::InvalidArgs { errors })?;
+        }
         match name {
             TOOL_SEARCH => {
                 let query = args["query"]
@@ -301,4 +285,37 @@ impl VectorCache for StoreVectors {
             tracing::warn!(%error, "search vector not stored");
         }
     }
+}
+
+/// The bridges' specs under `config`.
+fn bridges(config: &DisclosureConfig) -> Vec<ToolSpec> {
+    let max = config.max_search_limit;
+    let mut bridges = vec![
+        ToolSpec::new(
+            TOOL_SEARCH,
+            "Searches the available tools by what they do. Returns the best matches with their descriptions; the top ones include their input schema.",
+            json!({"type": "object", "required": ["query"], "properties": {
+                "query": {"type": "string", "description": "What the tool should do, in a few words."},
+                "limit": {"type": "integer", "minimum": 1, "maximum": max, "description": "How many tools to return."}
+            }}),
+        ),
+        ToolSpec::new(
+            TOOL_DESCRIBE,
+            "Returns a tool's full description and input schema, by name.",
+            json!({"type": "object", "required": ["name"], "properties": {
+                "name": {"type": "string", "description": "The tool's exact name."}
+            }}),
+        ),
+    ];
+    if config.call_bridge {
+        bridges.push(ToolSpec::new(
+            TOOL_CALL,
+            "Calls a tool found with tool_search, by name, with its arguments.",
+            json!({"type": "object", "required": ["name", "arguments"], "properties": {
+                "name": {"type": "string"},
+                "arguments": {"type": "object", "description": "Arguments matching the tool's input schema."}
+            }}),
+        ));
+    }
+    bridges
 }

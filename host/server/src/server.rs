@@ -46,6 +46,7 @@ const OPENAPI: &str = include_str!("openapi.json");
 #[derive(Clone)]
 struct App {
     host: Arc<Host>,
+    allowed_origins: Arc<[String]>,
 }
 
 /// How the server presents tools to agents.
@@ -55,6 +56,8 @@ pub struct ServerOptions {
     pub disclosure: DisclosureConfig,
     /// Bounds on connections, before any request is read.
     pub connections: ConnectionLimits,
+    /// Origins (`scheme://host[:port]`) whose pages may call `/mcp`, beside the server's own.
+    pub allowed_origins: Vec<String>,
 }
 
 /// The API's routes over `host`, MCP included.
@@ -81,7 +84,10 @@ fn router_with_shutdown(
             config,
         )
     };
-    let app = App { host };
+    let app = App {
+        host,
+        allowed_origins: options.allowed_origins.into(),
+    };
     let mcp = Router::new()
         .nest_service("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(
@@ -126,6 +132,9 @@ async fn mcp_tenant(
     next: axum::middleware::Next,
 ) -> Response {
     let (mut parts, body) = request.into_parts();
+    if let Err(refused) = check_origin(&parts.headers, &app.allowed_origins) {
+        return refused.into_response();
+    }
     let tenant = match Key::from_request_parts(&mut parts, &app).await {
         Ok(key) => key.tenant_for(Access::Call),
         Err(error) => Err(error),
@@ -144,6 +153,32 @@ async fn mcp_tenant(
         }
         Err(error) => error.into_response(),
     }
+}
+
+/// MCP servers must refuse a request from a web page of another origin: otherwise a page a
+/// user opens could reach a server on their machine through DNS rebinding. A request with no
+/// `Origin` (not from a browser) or from the server's own origin passes.
+fn check_origin(headers: &axum::http::HeaderMap, allowed: &[String]) -> Result<(), ApiError> {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or_default();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let own = host.is_some_and(|host| {
+        origin
+            .split_once("://")
+            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host))
+    });
+    if own || allowed.iter().any(|a| a.eq_ignore_ascii_case(origin)) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden_origin",
+        format!(
+            "requests from the origin `{origin}` are refused; the operator may allow it (--allow-origin)"
+        ),
+    ))
 }
 
 /// Serves `host` on `listener` until `shutdown` resolves, then lets running requests finish.
