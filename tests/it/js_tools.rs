@@ -262,3 +262,49 @@ async fn a_component_built_by_the_js_sdk_installs_runs_and_restarts_from_its_art
         "{loads}"
     );
 }
+
+/// OpenAI's strict mode makes every property required and a model leaves an optional one out
+/// by sending `null`: every strict example tool, called with exactly what such a model sends
+/// for its exported schema, succeeds, and a tool sees a null optional argument as absent.
+#[tokio::test]
+async fn strict_tools_take_what_a_strict_mode_model_sends() {
+    let host = host_in(None);
+    host.install("acme", crate::plugins::plugin("unit_convert"))
+        .await
+        .unwrap();
+    let weather = "export const spec = { name: 'weather', description: 'A test tool.', strict: true, \
+                   parameters: { type: 'object', required: ['city'], properties: { \
+                     city: { type: 'string' }, units: { enum: ['metric', 'imperial'] } } } };\n\
+                   export default function (args) { return { keys: Object.keys(args) }; }\n";
+    host.install_js("acme", weather).await.unwrap();
+    let exported = host.export("acme", toolhost::export::Format::OpenAi);
+    let strict = |name: &str| {
+        exported
+            .iter()
+            .find(|t| t["function"]["name"] == name)
+            .map(|t| t["function"]["parameters"].clone())
+            .unwrap()
+    };
+    // The export: every property required, the optional one nullable.
+    let schema = strict("weather");
+    assert_eq!(schema["required"], json!(["city", "units"]));
+    let units = &schema["properties"]["units"];
+    assert!(units.to_string().contains("\"null\""), "nullable: {units}");
+    let out = call(&host, "weather", json!({"city": "Oslo", "units": null})).await;
+    assert_eq!(
+        out.result,
+        Ok(json!({"keys": ["city"]})),
+        "{:?}",
+        out.result
+    );
+
+    let schema = strict("convert_units");
+    assert_eq!(schema["required"], json!(["value", "from", "to"]));
+    let out = call(
+        &host,
+        "convert_units",
+        json!({"value": 3, "from": "ft", "to": "in"}),
+    )
+    .await;
+    assert_eq!(out.result.unwrap()["value"], json!(36.0));
+}

@@ -18,6 +18,7 @@ use toolhost_spec::clip::clip;
 use toolhost_spec::keypath::{self, KeyPath};
 use toolhost_spec::policy::{Decision, TenantPolicy};
 use toolhost_spec::spec::Limits;
+use toolhost_spec::strict;
 use toolhost_store::{Store, now_ms};
 
 use crate::admission::{Admission, Permit, Shares};
@@ -196,6 +197,10 @@ impl Pipeline {
                 return;
             }
         };
+        let mut args = args;
+        if spec.strict {
+            strict::nulls_as_absent(&spec.parameters, &mut args);
+        }
         if let Err(errors) = tool.validator().validate(&args) {
             outcome.result = Err(CallError::InvalidArgs { errors });
             return;

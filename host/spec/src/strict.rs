@@ -124,6 +124,47 @@ fn make_strict(
     Ok(())
 }
 
+/// Undoes what strict mode asks of a model, before the arguments are checked against the
+/// tool's own schema: strict mode makes every property required, and a model leaves an
+/// optional one out by sending `null`. Such a `null` (for a property the tool's schema does
+/// not require and that does not itself accept `null`) is removed, so the tool sees the
+/// argument left out. Walks nested objects and array items.
+pub fn nulls_as_absent(schema: &Value, args: &mut Value) {
+    if let (Some(props), Some(given)) = (
+        schema.get("properties").and_then(Value::as_object),
+        args.as_object_mut(),
+    ) {
+        let required = schema.get("required").and_then(Value::as_array);
+        let is_required = |name: &str| required.is_some_and(|r| r.iter().any(|n| n == name));
+        for (name, sub) in props {
+            match given.get_mut(name) {
+                Some(Value::Null) if !is_required(name) && !accepts_null(sub) => {
+                    given.remove(name);
+                }
+                Some(value) => nulls_as_absent(sub, value),
+                None => {}
+            }
+        }
+    }
+    if let (Some(items), Some(elements)) = (schema.get("items"), args.as_array_mut()) {
+        elements.iter_mut().for_each(|e| nulls_as_absent(items, e));
+    }
+}
+
+fn accepts_null(schema: &Value) -> bool {
+    let null = json!("null");
+    match schema.get("type") {
+        Some(Value::String(t)) => t == "null",
+        Some(Value::Array(types)) => types.contains(&null),
+        // Untyped: an `enum` or `const` may list null; anything else accepts it.
+        _ => match (schema.get("enum"), schema.get("const")) {
+            (Some(Value::Array(values)), _) => values.contains(&Value::Null),
+            (_, Some(value)) => value.is_null(),
+            _ => schema.get("anyOf").is_none(),
+        },
+    }
+}
+
 /// An optional property becomes required-but-nullable, as strict mode expresses optionality.
 fn make_nullable(schema: &mut Value) {
     let null = json!("null");
@@ -145,5 +186,29 @@ fn make_nullable(schema: &mut Value) {
         && !values.contains(&Value::Null)
     {
         values.push(Value::Null);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_strict_models_nulls_for_optional_arguments_mean_left_out() {
+        let schema = json!({"type": "object", "required": ["city"], "properties": {
+            "city": {"type": "string"},
+            "units": {"enum": ["metric", "imperial"]},
+            "note": {"type": ["string", "null"]},
+            "stops": {"type": "array", "items": {"type": "object", "properties": {
+                "at": {"type": "string"}, "wait": {"type": "integer"}}}}
+        }});
+        let mut args = json!({"city": null, "units": null, "note": null,
+                              "stops": [{"at": "x", "wait": null}]});
+        nulls_as_absent(&schema, &mut args);
+        // A required null stays (and fails validation); a null the schema allows stays.
+        assert_eq!(
+            args,
+            json!({"city": null, "note": null, "stops": [{"at": "x"}]})
+        );
     }
 }
