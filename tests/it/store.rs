@@ -622,3 +622,60 @@ async fn a_store_cannot_hand_the_host_code_to_run() {
         "{metrics}"
     );
 }
+
+/// With the operator's secrets key, a secret is sealed at rest: the data directory's files do
+/// not hold it, a host without the key cannot read it (and says so), and one with the key can.
+#[tokio::test]
+async fn secrets_are_sealed_at_rest_with_the_operators_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = toolhost::SecretsKey::new([42; 32]);
+    let open = |key: Option<toolhost::SecretsKey>| {
+        Host::open(HostConfig {
+            secrets_key: key,
+            ..persistent(dir.path())
+        })
+        .unwrap()
+    };
+    async fn leak(host: &Host) -> Result<Value, toolhost::CallError> {
+        call(host, "acme", "secret_leak", json!({})).await.result
+    }
+    {
+        let host = open(Some(key.clone()));
+        host.install("acme", plugin("probe")).await.unwrap();
+        host.set_config("acme", "API_TOKEN", "tok-7f3a9c21", true)
+            .unwrap();
+        host.set_config("acme", "REGION", "eu", false).unwrap();
+        let read = leak(&host).await.unwrap_err().to_string();
+        assert!(
+            read.contains("[redacted] in eu"),
+            "the tool read it: {read}"
+        );
+    }
+    let mut files = vec![dir.path().join("db")];
+    let mut found = false;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else if std::fs::read(&path)
+            .unwrap()
+            .windows(12)
+            .any(|w| w == b"tok-7f3a9c21")
+        {
+            found = true;
+        }
+    }
+    assert!(!found, "the secret is in the data directory's files");
+    {
+        let host = open(None);
+        let listed = host.config("acme").unwrap();
+        assert!(listed.contains(&("API_TOKEN".into(), None)), "{listed:?}");
+        let unread = leak(&host).await.unwrap_err().to_string();
+        assert!(
+            !unread.contains("in eu"),
+            "without the key it cannot be read: {unread}"
+        );
+    }
+    let host = open(Some(key));
+    let read = leak(&host).await.unwrap_err().to_string();
+    assert!(read.contains("[redacted] in eu"), "{read}");
+}

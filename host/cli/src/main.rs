@@ -43,6 +43,10 @@ struct Cli {
     /// that names it, so each compiles once [default: only the data directory's store]
     #[arg(long, env = "TOOLHOST_ARTIFACT_DIR", global = true)]
     artifact_dir: Option<PathBuf>,
+    /// A file holding the key that seals secret configuration values at rest: 32 bytes, or
+    /// 64 hex digits (`openssl rand -hex 32`). Keep it outside the data directory
+    #[arg(long, env = "TOOLHOST_SECRETS_KEY_FILE", global = true)]
+    secrets_key_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -339,6 +343,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             allow_private: cli.allow_private,
         },
         artifact_dir: cli.artifact_dir.clone(),
+        secrets_key: match &cli.secrets_key_file {
+            Some(path) => Some(toolhost::SecretsKey::from_file(path).map_err(usage)?),
+            None => None,
+        },
         ..HostConfig::default()
     });
     let host = match (host, admin) {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use toolhost_sandbox::SandboxConfig;
 use toolhost_sandbox::egress::EgressConfig;
 use toolhost_spec::policy::TenantPolicy;
+use toolhost_store::SecretsKey;
 
 /// The largest JavaScript source `install_js` accepts, in bytes.
 pub const MAX_JS_SOURCE_BYTES: usize = 1 << 20;
@@ -26,6 +27,9 @@ pub struct HostConfig {
     /// A directory on this machine where compiled artifacts are shared, checked before
     /// compiling: hosts (and test runs) that share it compile each component once per engine.
     pub artifact_dir: Option<PathBuf>,
+    /// Seals secret configuration values at rest (`--secrets-key-file`); without it they
+    /// are stored as given, in the owner-only data directory.
+    pub secrets_key: Option<SecretsKey>,
     /// The store's page cache, in bytes.
     pub store_cache_bytes: u64,
     /// Call trees (a direct call and the calls it nests) one tenant may run at once; its
@@ -51,6 +55,7 @@ impl Default for HostConfig {
             sandbox: SandboxConfig::default(),
             max_loaded_components: 256,
             artifact_dir: None,
+            secrets_key: None,
             store_cache_bytes: 64 << 20,
             tenant_share: 8,
             default_policy: TenantPolicy::default(),

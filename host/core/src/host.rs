@@ -38,10 +38,11 @@ impl Host {
     /// Opens the data directory (or an in-memory store) and loads every tenant's catalog.
     /// Components are loaded lazily, on first call.
     pub fn open(config: HostConfig) -> Result<Self, OpenError> {
-        let store: Arc<dyn Store> = match &config.data_dir {
-            Some(dir) => Arc::new(SledStore::open(dir, config.store_cache_bytes)?),
-            None => Arc::new(SledStore::temporary()?),
+        let store = match &config.data_dir {
+            Some(dir) => SledStore::open(dir, config.store_cache_bytes)?,
+            None => SledStore::temporary()?,
         };
+        let store: Arc<dyn Store> = Arc::new(store.with_secrets_key(config.secrets_key.clone()));
         Self::with_store(store, config)
     }
 

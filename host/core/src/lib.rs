@@ -57,4 +57,6 @@ pub use toolhost_spec::{
     CachePolicy, CallContext, CallError, CallLog, CallOutcome, Caller, Level, Limits, SpecError,
     TenantPolicy, ToolError, ToolSpec,
 };
-pub use toolhost_store::{KeyRecord, SledStore, Store, StoreError, ToolEntry, ToolVersion};
+pub use toolhost_store::{
+    KeyRecord, SecretsKey, SledStore, Store, StoreError, ToolEntry, ToolVersion,
+};

@@ -14,6 +14,8 @@
 //! them, so a crash between the two leaves at worst an unreferenced blob, never an entry that
 //! points at nothing. Every write that must survive a crash is flushed before it returns.
 
+mod sealed;
+
 use std::mem::ManuallyDrop;
 use std::path::Path;
 
@@ -21,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub use sealed::SecretsKey;
 use toolhost_spec::access::Role;
 use toolhost_spec::call::Caller;
 use toolhost_spec::policy::TenantPolicy;
@@ -126,6 +129,8 @@ pub enum StoreError {
     Backend(String),
     #[error("stored record `{key}` is unreadable: {reason}")]
     Corrupt { key: String, reason: String },
+    #[error("the secret `{name}` is sealed and cannot be read: {reason}")]
+    Sealed { name: String, reason: String },
 }
 
 impl From<sled::Error> for StoreError {
@@ -230,6 +235,8 @@ fn key(parts: &[&str]) -> Vec<u8> {
 pub struct SledStore {
     /// Closed by `Drop` on a thread of its own, within a bound.
     sled: ManuallyDrop<Sled>,
+    /// Seals secret configuration values at rest; without it they are stored as given.
+    secrets_key: Option<SecretsKey>,
     /// Held for the life of the store: one process per data directory.
     _lock: Option<std::fs::File>,
 }
@@ -316,8 +323,16 @@ impl SledStore {
         };
         Ok(SledStore {
             sled: ManuallyDrop::new(sled),
+            secrets_key: None,
             _lock: lock,
         })
+    }
+
+    /// Seals secret configuration values written from now on with `key`, and opens sealed
+    /// ones with it.
+    pub fn with_secrets_key(mut self, key: Option<SecretsKey>) -> Self {
+        self.secrets_key = key;
+        self
     }
 
     fn flush(&self) -> Result<()> {
@@ -514,10 +529,28 @@ impl Store for SledStore {
     }
 
     fn config_get(&self, tenant: &str, k: &str) -> Result<Option<ConfigValue>> {
-        get_json(&self.sled.config, &key(&[tenant, k]))
+        let stored: Option<ConfigValue> = get_json(&self.sled.config, &key(&[tenant, k]))?;
+        let Some(mut value) = stored else {
+            return Ok(None);
+        };
+        if value.secret {
+            value.value = sealed::open(self.secrets_key.as_ref(), tenant, k, &value.value)?;
+        }
+        Ok(Some(value))
     }
 
     fn config_set(&self, tenant: &str, k: &str, value: &ConfigValue) -> Result<()> {
+        let sealed;
+        let value = match (&self.secrets_key, value.secret) {
+            (Some(secrets_key), true) => {
+                sealed = ConfigValue {
+                    value: sealed::seal(secrets_key, tenant, k, &value.value),
+                    secret: true,
+                };
+                &sealed
+            }
+            _ => value,
+        };
         let json = serde_json::to_vec(value).expect("a config value serializes");
         self.sled.config.insert(key(&[tenant, k]), json)?;
         self.flush()
