@@ -64,7 +64,7 @@ pub(crate) fn seal(key: &SecretsKey, tenant: &str, name: &str, value: &str) -> S
         aad: &slot(tenant, name),
     };
     let sealed = ChaCha20Poly1305::new(&key.0)
-        .encrypt(Nonce::from_slice(&nonce), payload)
+        .encrypt(&Nonce::from(nonce), payload)
         .expect("sealing a short value cannot fail");
     format!(
         "{PREFIX}{}",
@@ -94,12 +94,13 @@ pub(crate) fn open(
         return Err(unreadable("too short"));
     }
     let (nonce, sealed) = bytes.split_at(NONCE);
+    let nonce = Nonce::try_from(nonce).map_err(|_| unreadable("too short"))?;
     let payload = Payload {
         msg: sealed,
         aad: &slot(tenant, name),
     };
     let plain = ChaCha20Poly1305::new(&key.0)
-        .decrypt(Nonce::from_slice(nonce), payload)
+        .decrypt(&nonce, payload)
         .map_err(|_| unreadable("it does not open with this key"))?;
     String::from_utf8(plain).map_err(|_| unreadable("not UTF-8"))
 }
