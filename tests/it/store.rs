@@ -679,3 +679,28 @@ async fn secrets_are_sealed_at_rest_with_the_operators_key() {
     let read = leak(&host).await.unwrap_err().to_string();
     assert!(read.contains("[redacted] in eu"), "{read}");
 }
+
+/// What the CLI writes is its owner's alone: the data directory's folders 0700, files 0600.
+#[test]
+fn the_clis_data_directory_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["tenant", "create", "acme"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut paths = vec![data];
+    while let Some(path) = paths.pop() {
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        if path.is_dir() {
+            assert_eq!(mode, 0o700, "{}", path.display());
+            paths.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            assert_eq!(mode, 0o600, "{}", path.display());
+        }
+    }
+}

@@ -215,6 +215,8 @@ enum ConfigCommand {
 struct Failure(u8, String);
 
 fn main() -> ExitCode {
+    // Everything this process creates (the store's files, the admin socket) is the owner's.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),

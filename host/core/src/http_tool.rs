@@ -950,4 +950,59 @@ mod tests {
         let forever = parse_retry_after("18446744073709551615").unwrap();
         assert!(Instant::now().checked_add(forever).is_none());
     }
+
+    mod fuzz {
+        //! A remote server's answer and a tenant's definition are untrusted input: no
+        //! status, header, body or definition may panic the host.
+
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn templates_and_retry_after_parse_without_panicking(text in ".{0,60}") {
+                let _ = parse_template(&text);
+                let _ = parse_retry_after(&text);
+            }
+
+            #[test]
+            fn any_response_is_turned_into_an_outcome(
+                status in 100u16..1000,
+                content_type in ".{0,40}",
+                body in proptest::collection::vec(any::<u8>(), 0..200),
+            ) {
+                let response = Response {
+                    status: StatusCode::from_u16(status).unwrap(),
+                    content_type,
+                    retry_after: None,
+                    body: body.into(),
+                };
+                let _ = finish(Ok(response), &Helpers::default());
+            }
+
+            #[test]
+            fn a_mutated_definition_is_refused_or_valid(
+                edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            ) {
+                let valid = serde_json::to_vec(&json!({
+                    "spec": {"name": "weather", "description": "Weather.", "parameters": {
+                        "type": "object", "required": ["city"],
+                        "properties": {"city": {"type": "string"}}}},
+                    "request": {"method": "get", "url": "https://api.example.com/{{city}}",
+                                "query": {"key": "{{secret.KEY}}"},
+                                "retry": {"max_attempts": 3, "initial_delay_ms": 10, "exponential_factor": 2}}
+                })).unwrap();
+                let mut bytes = valid;
+                for (at, byte) in edits {
+                    let i = at.index(bytes.len());
+                    bytes[i] = byte;
+                }
+                if let Ok(def) = serde_json::from_slice::<HttpToolDef>(&bytes) {
+                    let _ = def.validate();
+                }
+            }
+        }
+    }
 }

@@ -15,6 +15,9 @@ pub mod schema;
 pub mod spec;
 pub mod strict;
 
+#[cfg(test)]
+mod fuzz;
+
 pub use call::{CallContext, CallError, CallLog, CallOutcome, Caller, Level, LogLine, ToolError};
 pub use policy::TenantPolicy;
 pub use spec::{CachePolicy, Limits, SpecError, ToolSpec};
