@@ -172,6 +172,7 @@ fn check_origin(headers: &axum::http::HeaderMap, allowed: &[String]) -> Result<(
     if own || allowed.iter().any(|a| a.eq_ignore_ascii_case(origin)) {
         return Ok(());
     }
+    tracing::warn!(origin, "refused an MCP request from another origin");
     Err(ApiError::new(
         StatusCode::FORBIDDEN,
         "forbidden_origin",
@@ -290,18 +291,25 @@ impl Key {
 
     fn may(&self, access: Access) -> Result<(), ApiError> {
         let role = self.0.role;
-        match role.may(access) {
-            true => Ok(()),
-            false => Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                format!(
-                    "a key with the role `{}` may not {}",
-                    role.name(),
-                    access.what()
-                ),
-            )),
+        if role.may(access) {
+            return Ok(());
         }
+        tracing::warn!(
+            tenant = self.0.tenant,
+            key = self.0.id,
+            role = role.name(),
+            "refused: the key's role may not {}",
+            access.what()
+        );
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "a key with the role `{}` may not {}",
+                role.name(),
+                access.what()
+            ),
+        ))
     }
 }
 

@@ -100,11 +100,11 @@ proptest! {
 
     #[test]
     fn any_policy_document_is_read_and_checked_without_panicking(document in json_value()) {
-        if let Ok(policy) = serde_json::from_value::<TenantPolicy>(document) {
-            if policy.validate().is_ok() {
-                let _ = policy.decide("some_tool", false);
-                let _ = policy.grants_for("some_tool");
-            }
+        if let Ok(policy) = serde_json::from_value::<TenantPolicy>(document)
+            && policy.validate().is_ok()
+        {
+            let _ = policy.decide("some_tool", false);
+            let _ = policy.grants_for("some_tool");
         }
     }
 
