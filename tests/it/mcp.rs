@@ -33,8 +33,17 @@ async fn next_step(lines: &mut Lines<BufReader<ChildStdout>>, step: &str) -> Val
     value
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() {
+/// A host with `text_stats` installed for `acme`, served on a loopback port until `stop`
+/// is sent: an agent key of acme's and the MCP URL.
+struct Served {
+    host: Arc<Host>,
+    key: String,
+    url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn served() -> Served {
     let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
     host.create_tenant("acme").unwrap();
     let key = host
@@ -42,17 +51,6 @@ async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() 
         .unwrap()
         .secret;
     host.install("acme", plugin("text_stats")).await.unwrap();
-    // 60 natives (visible to every tenant) push the listing past one page.
-    for i in 0..60 {
-        let spec = ToolSpec::new(
-            format!("native_{i:02}"),
-            "A native tool.",
-            json!({"type": "object"}),
-        );
-        host.natives()
-            .register(spec, |_, _, _| async { Ok(json!(null)) })
-            .unwrap();
-    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -64,6 +62,35 @@ async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() 
             let _ = stopped.await;
         },
     ));
+    Served {
+        host,
+        key,
+        url,
+        stop,
+        server,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() {
+    let Served {
+        host,
+        key,
+        url,
+        stop,
+        server,
+    } = served().await;
+    // 60 natives (visible to every tenant) push the listing past one page.
+    for i in 0..60 {
+        let spec = ToolSpec::new(
+            format!("native_{i:02}"),
+            "A native tool.",
+            json!({"type": "object"}),
+        );
+        host.natives()
+            .register(spec, |_, _, _| async { Ok(json!(null)) })
+            .unwrap();
+    }
 
     let addr = url
         .trim_start_matches("http://")
@@ -251,21 +278,13 @@ async fn with_disclosure_on_the_client_sees_the_bridges_and_can_still_call_found
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_lists_calls_and_hears_of_changes_in_every_mode_over_http() {
     for (mode, newest) in [("auto", true), ("legacy", false)] {
-        let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
-        host.create_tenant("acme").unwrap();
-        let key = host
-            .create_key("acme", toolhost::Role::Agent)
-            .unwrap()
-            .secret;
-        host.install("acme", plugin("text_stats")).await.unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-        let server = tokio::spawn(toolhost_server::server::serve(
-            host.clone(),
-            listener,
-            Default::default(),
-            std::future::pending(),
-        ));
+        let Served {
+            host,
+            key,
+            url,
+            stop,
+            server,
+        } = served().await;
         let mut child = Command::new("python3")
             .arg(client_dir().join("python_client.py"))
             .args([mode, "http", &url, &key])
@@ -304,7 +323,8 @@ async fn the_python_sdk_lists_calls_and_hears_of_changes_in_every_mode_over_http
         assert!(child.wait().await.unwrap().success(), "{mode}: {stderr}");
         // Ending the session is a success to the client (rmcp's 202 was logged as a failure).
         assert!(!stderr.contains("termination failed"), "{mode}: {stderr}");
-        server.abort();
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
     }
 }
 

@@ -26,19 +26,22 @@ impl Seal {
     /// The key in `dir/artifacts.key` (owner-only), made on first use.
     pub fn in_dir(dir: &Path) -> std::io::Result<Self> {
         let path = dir.join(KEY_FILE);
-        if let Ok(bytes) = std::fs::read(&path)
-            && let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice())
-        {
-            return Ok(Seal { key });
+        if let Some(seal) = Self::read(&path) {
+            return Ok(seal);
         }
         let seal = Self::ephemeral()?;
         let mut file = tempfile::NamedTempFile::new_in(dir)?;
         file.write_all(&seal.key)?;
-        // Two hosts may make one at once: the first to land wins, and both read it back.
         match file.persist_noclobber(&path) {
             Ok(_) => Ok(seal),
-            Err(_) => Self::in_dir(dir),
+            // Another host made one at the same moment: both use the first to land.
+            Err(lost) => Self::read(&path).ok_or(lost.error),
         }
+    }
+
+    fn read(path: &Path) -> Option<Self> {
+        let key = <[u8; 32]>::try_from(std::fs::read(path).ok()?.as_slice()).ok()?;
+        Some(Seal { key })
     }
 
     /// A key for this host alone: nothing sealed with it outlives the process.

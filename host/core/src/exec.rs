@@ -66,29 +66,8 @@ impl Executors {
         Some(grants::tenant_dir(files_dir, tenant))
     }
 
-    /// A tenant's tool, by the kind of its source; the fuel it used, for Wasm.
-    pub async fn run_tenant_tool<F, Fut>(
-        &self,
-        tool: &TenantTool,
-        limits: &Limits,
-        args: &Value,
-        (helpers, ctx, policy): (&Helpers, &CallContext, &TenantPolicy),
-        serve_nested: F,
-    ) -> (Result<Value, CallError>, Option<u64>)
-    where
-        F: Fn(NestedCall) -> Fut,
-        Fut: Future<Output = ()>,
-    {
-        match tool.version.kind {
-            SourceKind::Http => (self.run_http(tool, limits, args, helpers).await, None),
-            SourceKind::Wasm | SourceKind::Js => {
-                let call = (helpers, ctx, policy);
-                self.run_wasm(tool, limits, args, call, serve_nested).await
-            }
-        }
-    }
-
-    async fn run_http(
+    /// An HTTP tool: its stored request, within the call's deadline.
+    pub async fn run_http(
         &self,
         tool: &TenantTool,
         limits: &Limits,
@@ -112,9 +91,9 @@ impl Executors {
         }
     }
 
-    /// A component, or JS source on the runtime it was installed on, in a fresh instance.
-    /// The guest's `call-tool` requests go to `serve_nested` while it waits.
-    async fn run_wasm<F, Fut>(
+    /// A component, or JS source on the runtime it was installed on, in a fresh instance;
+    /// the fuel it used. The guest's `call-tool` requests go to `serve_nested` while it waits.
+    pub async fn run_wasm<F, Fut>(
         &self,
         tool: &TenantTool,
         limits: &Limits,

@@ -46,7 +46,8 @@ impl Host {
         Self::with_store(store, config)
     }
 
-    /// A host over any [`Store`]; `config.data_dir` is ignored.
+    /// A host over any [`Store`]. `config.data_dir` is not opened as a store; it still holds
+    /// granted files and the artifact key.
     pub fn with_store(store: Arc<dyn Store>, config: HostConfig) -> Result<Self, OpenError> {
         let sandbox =
             Sandbox::new(config.sandbox).map_err(|e| OpenError::Engine(format!("{e:#}")))?;

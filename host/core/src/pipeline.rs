@@ -19,7 +19,7 @@ use toolhost_spec::keypath::{self, KeyPath};
 use toolhost_spec::policy::{Decision, TenantPolicy};
 use toolhost_spec::spec::Limits;
 use toolhost_spec::strict;
-use toolhost_store::{Store, now_ms};
+use toolhost_store::{SourceKind, Store, now_ms};
 
 use crate::admission::{Admission, Permit, Shares};
 use crate::approval::{ApprovalError, Approvals, PendingCall};
@@ -221,7 +221,8 @@ impl Pipeline {
             });
         } else if needs_approval {
             outcome.result = Err(self.hold(ctx, &spec.name, args.clone()));
-        } else if let Some(first) = self.enter_share(tool, ctx, budget, outcome).await {
+        } else if let Some((first, _place)) = self.enter_share(tool, ctx, budget, outcome).await {
+            // `_place` holds the call tree's place in its tenant's share until the run ends.
             let call = (helpers, ctx, &*policy);
             self.run(tool, args.clone(), call, (first, budget), outcome)
                 .await;
@@ -316,8 +317,8 @@ impl Pipeline {
         tool: &Resolved,
         args: Value,
         (helpers, ctx, policy): (&Helpers, &CallContext, &TenantPolicy),
-        // The first attempt's budget (with the share's place it holds), then the call's.
-        ((first, _place), budget): ((Budget, Option<OwnedSemaphorePermit>), Budget),
+        // The first attempt's budget (its timeout counts the queueing), then the call's.
+        (first, budget): (Budget, Budget),
         outcome: &mut CallOutcome,
     ) {
         let spec = tool.spec();
@@ -364,12 +365,13 @@ impl Pipeline {
                     let (args, helpers) = (args.clone(), helpers.clone());
                     exec::run_native(native, &limits, args, helpers, ctx.clone()).await
                 }
-                Resolved::Tenant(tenant_tool) => {
+                Resolved::Tenant(http) if http.version.kind == SourceKind::Http => {
+                    self.exec.run_http(http, &limits, &args, helpers).await
+                }
+                Resolved::Tenant(wasm) => {
                     let serve = |nested| self.serve_nested(ctx, budget, nested);
                     let call = (helpers, ctx, policy);
-                    let run = self
-                        .exec
-                        .run_tenant_tool(tenant_tool, &limits, &args, call, serve);
+                    let run = self.exec.run_wasm(wasm, &limits, &args, call, serve);
                     let (result, fuel) = run.await;
                     if let Some(fuel) = fuel {
                         *outcome.fuel_used.get_or_insert(0) += fuel;
