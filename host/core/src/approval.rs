@@ -14,24 +14,31 @@ use serde_json::Value;
 use toolhost_spec::call::Caller;
 use toolhost_store::{HeldCall, Store, StoreError, now_ms};
 
+/// Calls one tenant may have waiting at once.
 pub const MAX_PENDING_PER_TENANT: usize = 1000;
+/// A call not decided within this is dropped.
 pub const PENDING_TTL: Duration = Duration::from_secs(3600);
 
 /// A call waiting for a decision, as the app sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PendingCall {
+    /// Its id, to approve or reject it by.
     pub call_id: String,
+    /// The tool, by name.
     pub tool: String,
+    /// The validated arguments.
     pub args: Value,
     /// Milliseconds it has waited.
     pub waiting_ms: u64,
 }
 
+/// Why an approval or rejection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApprovalError {
     /// Unknown, expired, already decided, or another tenant's: all look the same.
     #[error("no call `{0}` is waiting for approval")]
     NotPending(String),
+    /// The tenant has [`MAX_PENDING_PER_TENANT`] calls waiting.
     #[error("tenant already has {MAX_PENDING_PER_TENANT} calls waiting for approval")]
     TooMany,
     /// The decision was not recorded, so the call stays pending.

@@ -24,7 +24,9 @@ use crate::registry::{NativeRegistry, NativeTool, TenantTool, TenantTools, is_va
 /// was installed on and keeps running on, so a new runtime never changes an installed tool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JsSource {
+    /// sha256 (hex) of the runtime component.
     pub runtime: String,
+    /// The tool's JavaScript.
     pub source: String,
 }
 
@@ -32,22 +34,33 @@ pub struct JsSource {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Source {
+    /// A native tool of the embedding app.
     Native,
+    /// A Wasm component; `component` is its sha256.
     Wasm {
+        /// sha256 (hex) of the component.
         component: String,
+        /// The version listed.
         version: u32,
+        /// When it was installed (Unix milliseconds).
         installed_at_ms: u64,
     },
     /// A declarative HTTP request; `definition` is its sha256.
     Http {
+        /// sha256 (hex) of the definition.
         definition: String,
+        /// The version listed.
         version: u32,
+        /// When it was installed (Unix milliseconds).
         installed_at_ms: u64,
     },
     /// JavaScript source on the host's runtime; `source` is its sha256.
     Js {
+        /// sha256 (hex) of the stored source.
         source: String,
+        /// The version listed.
         version: u32,
+        /// When it was installed (Unix milliseconds).
         installed_at_ms: u64,
     },
 }
@@ -55,7 +68,9 @@ pub enum Source {
 /// A tool as listed: its spec and where it comes from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolInfo {
+    /// Its spec.
     pub spec: ToolSpec,
+    /// Its code.
     pub source: Source,
 }
 

@@ -16,10 +16,12 @@ pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
 /// A configuration value is at most this many bytes.
 pub const MAX_CONFIG_VALUE_BYTES: usize = 64 * 1024;
 
+/// How a [`crate::Host`] is opened: storage, the sandbox's limits, caches and the JS runtime.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
     /// Where installed tools persist. `None` keeps everything in memory.
     pub data_dir: Option<PathBuf>,
+    /// The engine's pool, slots, memory budget and egress.
     pub sandbox: SandboxConfig,
     /// Linked components kept in memory; past this the least recently used is dropped and
     /// reloaded from its stored artifact on its next call.

@@ -7,11 +7,15 @@ use toolhost_spec::call::CallOutcome;
 /// One call as a hook sees it: after its arguments passed the schema, before it runs.
 #[derive(Debug, Clone, Copy)]
 pub struct HookCall<'a> {
+    /// The calling tenant.
     pub tenant: &'a str,
+    /// The tool, by name.
     pub tool: &'a str,
     /// 0 for a native tool.
     pub version: u32,
+    /// The call's id.
     pub call_id: &'a str,
+    /// The validated arguments.
     pub args: &'a Value,
     /// The caller's opaque data (`Caller::data`).
     pub data: &'a Value,

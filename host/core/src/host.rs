@@ -27,6 +27,8 @@ use crate::pipeline::{Budget, Pipeline};
 use crate::registry::NativeRegistry;
 use crate::tenants::{NewKey, Tenants};
 
+/// The host: tenants' tools and the app's native tools, and one call path for both.
+/// Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Host {
     catalog: Arc<Catalog>,
     tenants: Arc<Tenants>,
@@ -200,6 +202,7 @@ impl Host {
         self.tenants.set_config(tenant, key, value, secret)
     }
 
+    /// Deletes a configuration value; false if there was none.
     pub fn remove_config(&self, tenant: &str, key: &str) -> Result<bool, ManageError> {
         self.tenants.remove_config(tenant, key)
     }
@@ -214,6 +217,7 @@ impl Host {
         self.tenants.create(tenant)
     }
 
+    /// Every tenant.
     pub fn tenants(&self) -> Result<Vec<String>, ManageError> {
         self.tenants.all()
     }
@@ -229,6 +233,7 @@ impl Host {
         self.tenants.keys(tenant)
     }
 
+    /// Revokes the key with this public id; false if there was none.
     pub fn revoke_key(&self, id: &str) -> Result<bool, ManageError> {
         self.tenants.revoke_key(id)
     }

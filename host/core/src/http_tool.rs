@@ -28,13 +28,17 @@ use toolhost_spec::spec::{SpecError, ToolSpec, is_valid_config_key};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpToolDef {
+    /// The tool as agents see it.
     pub spec: ToolSpec,
+    /// The request each call makes.
     pub request: HttpRequestDef,
 }
 
+/// The request a call makes; `{{param}}` and `{{secret.KEY}}` templates are filled per call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpRequestDef {
+    /// The HTTP method.
     pub method: Method,
     /// `http(s)://host[:port]/path`; templates only in the path.
     pub url: String,
@@ -52,21 +56,29 @@ pub struct HttpRequestDef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Send the request through this proxy.
     pub proxy: Option<ProxyDef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Retry failed attempts (default: one attempt).
     pub retry: Option<RetryPolicy>,
     /// A response body past this many bytes fails the call.
     #[serde(default = "default_max_response_bytes")]
     pub max_response_bytes: u64,
 }
 
+/// An HTTP method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
+    /// `GET`
     Get,
+    /// `POST`
     Post,
+    /// `PUT`
     Put,
+    /// `PATCH`
     Patch,
+    /// `DELETE`
     Delete,
 }
 
@@ -75,7 +87,9 @@ pub enum Method {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProxyDef {
+    /// `http://host:port`.
     pub url: String,
+    /// Headers for the proxy (templates allowed).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
 }
@@ -85,14 +99,21 @@ pub struct ProxyDef {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetryPolicy {
+    /// Attempts in all, the first included ([`MAX_ATTEMPTS`] at most).
     pub max_attempts: u32,
+    /// The wait before the first retry ([`MAX_INITIAL_DELAY_MS`] at most).
     pub initial_delay_ms: u64,
+    /// Each wait is the last times this ([`MAX_EXPONENTIAL_FACTOR`] at most).
     pub exponential_factor: f64,
 }
 
+/// The most attempts a retry policy may ask for.
 pub const MAX_ATTEMPTS: u32 = 10;
+/// The longest first wait, in milliseconds.
 pub const MAX_INITIAL_DELAY_MS: u64 = 60_000;
+/// The largest growth factor of the wait.
 pub const MAX_EXPONENTIAL_FACTOR: f64 = 10.0;
+/// The largest `max_response_bytes`.
 pub const MAX_RESPONSE_BYTES: u64 = 16 << 20;
 const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1 << 20;
 /// Error messages quote at most this much of a failed response.

@@ -18,6 +18,8 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
+
 mod admission;
 pub mod approval;
 mod artifacts;

@@ -1,14 +1,22 @@
 //! Counters for an operator, rendered in the Prometheus text format. Labels never carry
 //! tenant or tool names, so the page leaks nothing about who uses the host.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds of the call latency histogram, in seconds.
 const BUCKETS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0,
 ];
+
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Where a call found its compiled component.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,16 +29,49 @@ pub enum ComponentSource {
     Compiled,
 }
 
-#[derive(Default)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Source {
+    source: &'static str,
+}
+
+/// The host's counters. An app with its own Prometheus registry adds them with
+/// [`Metrics::register`]; [`Metrics::render`] is the host's own page.
 pub struct Metrics {
-    /// (outcome code, count), in first-seen order.
-    calls: Mutex<Vec<(&'static str, u64)>>,
-    buckets: [AtomicU64; BUCKETS.len()],
-    duration_micros: AtomicU64,
-    call_count: AtomicU64,
-    instances_live: AtomicI64,
-    retries: AtomicU64,
-    component_loads: [AtomicU64; 3],
+    calls: Family<Outcome, Counter>,
+    duration: Histogram,
+    retries: Counter,
+    instances_live: Gauge,
+    component_loads: Family<Source, Counter>,
+    registry: Registry,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut metrics = Metrics {
+            calls: Family::default(),
+            duration: Histogram::new(BUCKETS),
+            retries: Counter::default(),
+            instances_live: Gauge::default(),
+            component_loads: Family::default(),
+            registry: Registry::default(),
+        };
+        // Known label values start at 0, so a rate over them is defined from the start.
+        for source in ["memory", "artifact", "compiled"] {
+            metrics
+                .component_loads
+                .get_or_create(&Source { source })
+                .inc_by(0);
+        }
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        metrics.registry = registry;
+        metrics
+    }
 }
 
 /// Counts a live instance until dropped.
@@ -38,87 +79,64 @@ pub struct LiveInstance<'a>(&'a Metrics);
 
 impl Drop for LiveInstance<'_> {
     fn drop(&mut self) {
-        self.0.instances_live.fetch_sub(1, Ordering::Relaxed);
+        self.0.instances_live.dec();
     }
 }
 
 impl Metrics {
-    pub fn record_call(&self, outcome: &'static str, duration: Duration, retries: u32) {
-        {
-            let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-            match calls.iter_mut().find(|(code, _)| *code == outcome) {
-                Some((_, n)) => *n += 1,
-                None => calls.push((outcome, 1)),
-            }
-        }
-        let seconds = duration.as_secs_f64();
-        if let Some(i) = BUCKETS.iter().position(|&bound| seconds <= bound) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.duration_micros
-            .fetch_add(duration.as_micros() as u64, Ordering::Relaxed);
-        self.call_count.fetch_add(1, Ordering::Relaxed);
-        self.retries
-            .fetch_add(u64::from(retries), Ordering::Relaxed);
+    /// Adds the host's metrics to `registry` (they stay live: the registry holds handles).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("toolhost_calls", "Calls by outcome", self.calls.clone());
+        registry.register(
+            "toolhost_call_duration_seconds",
+            "Time from call to outcome",
+            self.duration.clone(),
+        );
+        registry.register(
+            "toolhost_call_retries",
+            "Stall retries of idempotent tools",
+            self.retries.clone(),
+        );
+        registry.register(
+            "toolhost_instances_live",
+            "Wasm instances running now",
+            self.instances_live.clone(),
+        );
+        registry.register(
+            "toolhost_component_loads",
+            "Where calls found their compiled component: memory and artifact are compile cache hits",
+            self.component_loads.clone(),
+        );
     }
 
+    /// Counts a call's outcome, duration and retries.
+    pub fn record_call(&self, outcome: &'static str, duration: Duration, retries: u32) {
+        self.calls.get_or_create(&Outcome { outcome }).inc();
+        self.duration.observe(duration.as_secs_f64());
+        self.retries.inc_by(u64::from(retries));
+    }
+
+    /// Counts an instance as live until the guard drops.
     pub fn instance(&self) -> LiveInstance<'_> {
-        self.instances_live.fetch_add(1, Ordering::Relaxed);
+        self.instances_live.inc();
         LiveInstance(self)
     }
 
+    /// Counts where a call found its component.
     pub fn component_loaded(&self, source: ComponentSource) {
-        self.component_loads[source as usize].fetch_add(1, Ordering::Relaxed);
+        let source = match source {
+            ComponentSource::Memory => "memory",
+            ComponentSource::Artifact => "artifact",
+            ComponentSource::Compiled => "compiled",
+        };
+        self.component_loads.get_or_create(&Source { source }).inc();
     }
 
-    /// The Prometheus text exposition format, version 0.0.4.
+    /// The OpenMetrics text format ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        out.push_str("# HELP toolhost_calls_total Calls by outcome.\n");
-        out.push_str("# TYPE toolhost_calls_total counter\n");
-        let calls = self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for (code, n) in calls {
-            out.push_str(&format!("toolhost_calls_total{{outcome=\"{code}\"}} {n}\n"));
-        }
-        out.push_str("# HELP toolhost_call_duration_seconds Time from call to outcome.\n");
-        out.push_str("# TYPE toolhost_call_duration_seconds histogram\n");
-        let mut cumulative = 0;
-        for (bound, count) in BUCKETS.iter().zip(&self.buckets) {
-            cumulative += count.load(Ordering::Relaxed);
-            out.push_str(&format!(
-                "toolhost_call_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}\n"
-            ));
-        }
-        let count = self.call_count.load(Ordering::Relaxed);
-        let sum = self.duration_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        out.push_str(&format!(
-            "toolhost_call_duration_seconds_bucket{{le=\"+Inf\"}} {count}\n\
-             toolhost_call_duration_seconds_sum {sum}\n\
-             toolhost_call_duration_seconds_count {count}\n"
-        ));
-        out.push_str("# HELP toolhost_call_retries_total Stall retries of idempotent tools.\n");
-        out.push_str("# TYPE toolhost_call_retries_total counter\n");
-        out.push_str(&format!(
-            "toolhost_call_retries_total {}\n",
-            self.retries.load(Ordering::Relaxed)
-        ));
-        out.push_str("# HELP toolhost_instances_live Wasm instances running now.\n");
-        out.push_str("# TYPE toolhost_instances_live gauge\n");
-        out.push_str(&format!(
-            "toolhost_instances_live {}\n",
-            self.instances_live.load(Ordering::Relaxed)
-        ));
-        out.push_str("# HELP toolhost_component_loads_total Where calls found their compiled component: memory and artifact are compile cache hits.\n");
-        out.push_str("# TYPE toolhost_component_loads_total counter\n");
-        for (source, n) in ["memory", "artifact", "compiled"]
-            .iter()
-            .zip(&self.component_loads)
-        {
-            out.push_str(&format!(
-                "toolhost_component_loads_total{{source=\"{source}\"}} {}\n",
-                n.load(Ordering::Relaxed)
-            ));
-        }
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
         out
     }
 }
@@ -144,7 +162,23 @@ mod tests {
         assert!(text.contains("toolhost_call_retries_total 2\n"));
         assert!(text.contains("toolhost_instances_live 1\n"));
         assert!(text.contains("toolhost_component_loads_total{source=\"artifact\"} 1\n"));
+        assert!(text.contains("toolhost_component_loads_total{source=\"compiled\"} 0\n"));
+        assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with EOF");
         drop(live);
         assert!(m.render().contains("toolhost_instances_live 0\n"));
+    }
+
+    #[test]
+    fn an_app_registry_sees_the_live_counters() {
+        let m = Metrics::default();
+        let mut app = Registry::default();
+        m.register(&mut app);
+        m.record_call("ok", Duration::from_millis(1), 0);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &app).unwrap();
+        assert!(
+            text.contains("toolhost_calls_total{outcome=\"ok\"} 1\n"),
+            "{text}"
+        );
     }
 }

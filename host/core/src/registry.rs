@@ -20,6 +20,7 @@ type Handler =
 
 /// A trusted Rust tool of the embedding application.
 pub struct NativeTool {
+    /// Its spec, as agents see it.
     pub spec: ToolSpec,
     pub(crate) validator: ArgsValidator,
     pub(crate) handler: Handler,
@@ -28,21 +29,27 @@ pub struct NativeTool {
 /// A tenant's tool at the version that answers calls: a stored component, or a stored HTTP
 /// request definition.
 pub struct TenantTool {
+    /// The tenant that owns it.
     pub tenant: String,
+    /// The version that answers calls.
     pub version: ToolVersion,
     pub(crate) validator: ArgsValidator,
 }
 
 impl TenantTool {
+    /// The current version's spec.
     pub fn spec(&self) -> &ToolSpec {
         &self.version.spec
     }
 }
 
+/// Why a native tool could not be registered.
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
+    /// Its spec breaks a rule.
     #[error(transparent)]
     Spec(#[from] SpecError),
+    /// Another native tool has the name.
     #[error("a native tool named `{0}` is already registered")]
     Duplicate(String),
 }
@@ -84,6 +91,7 @@ impl NativeRegistry {
         Ok(())
     }
 
+    /// The native tool named `name`.
     pub fn get(&self, name: &str) -> Option<Arc<NativeTool>> {
         self.tools
             .read()
@@ -106,6 +114,7 @@ impl NativeRegistry {
             .cloned()
     }
 
+    /// Every native tool, by name.
     pub fn all(&self) -> Vec<Arc<NativeTool>> {
         self.tools
             .read()

@@ -18,7 +18,9 @@ use crate::registry::is_valid_tenant;
 /// A freshly created API key: `secret` is shown once and never stored.
 #[derive(Debug, Clone, Serialize)]
 pub struct NewKey {
+    /// The key itself, for the `Authorization: Bearer` header.
     pub secret: String,
+    /// What is stored of it.
     #[serde(flatten)]
     pub record: KeyRecord,
 }

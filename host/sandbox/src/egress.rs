@@ -2,11 +2,12 @@
 //! before connecting to that very address, so a name that later resolves elsewhere (DNS
 //! rebinding) cannot reach what the check refused.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 
 use std::sync::{Arc, OnceLock};
 
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -20,38 +21,26 @@ pub struct EgressConfig {
     pub allow_private: Vec<Cidr>,
 }
 
-/// An address range, written `10.0.0.0/8` or a bare address.
+/// An address range, written `10.0.0.0/8` or a bare address (`ipnet` does the arithmetic).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    network: IpAddr,
-    prefix: u8,
-}
+pub struct Cidr(IpNet);
 
 impl FromStr for Cidr {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let (address, prefix) = text.split_once('/').unwrap_or((text, ""));
-        let network: IpAddr = address
-            .parse()
-            .map_err(|_| format!("`{text}` is not an IP address or CIDR range"))?;
-        let max = if network.is_ipv4() { 32 } else { 128 };
-        let prefix = if prefix.is_empty() {
-            max
-        } else {
-            prefix
-                .parse::<u8>()
-                .ok()
-                .filter(|p| *p <= max)
-                .ok_or_else(|| format!("`{text}`: the prefix must be 0 to {max}"))?
-        };
-        Ok(Cidr { network, prefix })
+        if let Ok(ip) = text.parse::<IpAddr>() {
+            return Ok(Cidr(IpNet::from(ip)));
+        }
+        text.parse::<IpNet>().map(Cidr).map_err(|_| {
+            format!("`{text}` is not an IP address or CIDR range (the prefix must be 0 to 32, or 0 to 128 for IPv6)")
+        })
     }
 }
 
 impl std::fmt::Display for Cidr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
+        self.0.fmt(f)
     }
 }
 
@@ -70,24 +59,9 @@ impl<'de> Deserialize<'de> for Cidr {
 }
 
 impl Cidr {
+    /// Whether `ip` (an IPv4-mapped IPv6 address as its IPv4 address) is in the range.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        fn bits(ip: IpAddr) -> u128 {
-            match ip {
-                IpAddr::V4(v4) => u128::from(u32::from(v4)) << 96,
-                IpAddr::V6(v6) => u128::from(v6),
-            }
-        }
-        let ip = canonical(ip);
-        if ip.is_ipv4() != self.network.is_ipv4() {
-            return false;
-        }
-        let shift = if ip.is_ipv4() { 32 } else { 128 } - u32::from(self.prefix);
-        let mask = if self.prefix == 0 {
-            0
-        } else {
-            u128::MAX << (shift + if ip.is_ipv4() { 96 } else { 0 })
-        };
-        bits(ip) & mask == bits(self.network) & mask
+        self.0.contains(&canonical(ip))
     }
 }
 
@@ -99,50 +73,79 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Reachable from anywhere on the internet: not loopback, private, link-local, shared,
-/// documentation, multicast, unspecified or otherwise reserved.
+/// Ranges that are not globally reachable, from IANA's IPv4 and IPv6 Special-Purpose Address
+/// Registries (entries whose "Globally Reachable" is False or N/A), plus multicast, and every
+/// prefix that embeds an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible), which could
+/// carry a connection to a private IPv4 address.
+const NON_PUBLIC: &[&str] = &[
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.2.0/24",
+    "192.88.99.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "::/96",
+    "64:ff9b::/96",
+    "64:ff9b:1::/48",
+    "100::/64",
+    "100:0:0:1::/64",
+    "2001::/23",
+    "2001:db8::/32",
+    "2002::/16",
+    "3fff::/20",
+    "5f00::/16",
+    "fc00::/7",
+    "fe80::/10",
+    "fec0::/10",
+    "ff00::/8",
+];
+
+fn non_public() -> &'static [IpNet] {
+    static RANGES: OnceLock<Vec<IpNet>> = OnceLock::new();
+    RANGES.get_or_init(|| {
+        NON_PUBLIC
+            .iter()
+            .map(|range| range.parse().expect("the table holds valid ranges"))
+            .collect()
+    })
+}
+
+/// Reachable from anywhere on the internet: in none of the [`NON_PUBLIC`] ranges.
 pub fn is_public(ip: IpAddr) -> bool {
-    match canonical(ip) {
-        IpAddr::V4(v4) => is_public_v4(v4),
-        IpAddr::V6(v6) => is_public_v6(v6),
-    }
+    let ip = canonical(ip);
+    !non_public().iter().any(|range| range.contains(&ip))
 }
 
-fn is_public_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, c, _] = ip.octets();
-    !(ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_private()
-        || ip.is_link_local()
-        || ip.is_broadcast()
-        || ip.is_documentation()
-        || ip.is_multicast()
-        || a == 0
-        || (a == 100 && (64..128).contains(&b)) // shared address space (carrier NAT)
-        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
-        || (a == 198 && (18..20).contains(&b)) // benchmarking
-        || a >= 240)
-}
-
-fn is_public_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
-    !(ip.is_unspecified()
-        || ip.is_loopback()
-        || ip.is_multicast()
-        || (first & 0xfe00) == 0xfc00 // unique local
-        || (first & 0xffc0) == 0xfe80 // link-local
-        || first == 0x2001 && ip.segments()[1] == 0x0db8 // documentation
-        || first == 0x0064 && ip.segments()[1] == 0xff9b) // NAT64, which can reach IPv4 private
-}
-
+/// Why egress refused a destination.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EgressError {
+    /// The name does not resolve.
     #[error("cannot resolve `{host}`: {reason}")]
-    Resolve { host: String, reason: String },
+    Resolve {
+        /// The name.
+        host: String,
+        /// The resolver's error.
+        reason: String,
+    },
+    /// The name resolves to an address egress refuses.
     #[error(
         "`{host}` resolves to {ip}, a non-public address the operator has not allowed (egress.allow_private)"
     )]
-    Private { host: String, ip: IpAddr },
+    Private {
+        /// The name.
+        host: String,
+        /// The refused address.
+        ip: IpAddr,
+    },
 }
 
 impl EgressConfig {
@@ -271,10 +274,24 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
             "64:ff9b::a00:1",
+            "64:ff9b:1::a00:1",
+            "2002:a00:1::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "::10.0.0.1",
+            "100::1",
+            "3fff::1",
+            "224.0.0.1",
+            "255.255.255.255",
+            "198.18.0.1",
         ] {
             assert!(!is_public(ip(private)), "{private}");
         }
-        for public in ["1.1.1.1", "93.184.216.34", "2606:4700:4700::1111"] {
+        for public in [
+            "1.1.1.1",
+            "93.184.216.34",
+            "2606:4700:4700::1111",
+            "2a00:1450:4001::1",
+        ] {
             assert!(is_public(ip(public)), "{public}");
         }
     }

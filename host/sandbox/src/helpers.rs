@@ -10,8 +10,11 @@ use toolhost_store::Store;
 
 /// Each of: helper log lines (all together), stdout, stderr.
 pub const MAX_LOG_BYTES: usize = 64 * 1024;
+/// The longest KV key.
 pub const MAX_KV_KEY_BYTES: usize = 256;
+/// The largest KV value.
 pub const MAX_KV_VALUE_BYTES: usize = 64 * 1024;
+/// The most KV keys one tool of one tenant may hold.
 pub const MAX_KV_KEYS: usize = 1000;
 
 /// One call's handle on the host. Cheap to clone; every clone serves the same call.
@@ -54,6 +57,7 @@ pub(crate) enum Stream {
 }
 
 impl Helpers {
+    /// The helpers of one call of `tool` for `tenant`.
     pub fn for_call(
         store: Arc<dyn Store>,
         tenant: &str,
@@ -88,6 +92,7 @@ impl Helpers {
             .map_err(storage)
     }
 
+    /// Sets a KV value, within the key, value and count limits.
     pub fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), HelperError> {
         let scope = self.scope()?;
         check_kv_key(key)?;

@@ -7,8 +7,11 @@
 //! through the egress rules; and how each failure is classified. It knows components,
 //! limits and one call's context, never tenants, catalogs or HTTP serving.
 
+#![deny(missing_docs)]
+
 pub mod egress;
 pub mod helpers;
+#[cfg(feature = "wasi-http")]
 mod outbound;
 mod redact;
 mod sandbox;

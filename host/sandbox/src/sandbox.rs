@@ -22,10 +22,12 @@ use wasmtime::{
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
+#[cfg(feature = "wasi-http")]
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::egress::EgressConfig;
 use crate::helpers::{Helpers, Stream};
+#[cfg(feature = "wasi-http")]
 use crate::outbound::Outbound;
 use toolhost_spec::call::{CallContext, Level};
 use toolhost_spec::digest::hex;
@@ -33,6 +35,7 @@ use toolhost_spec::policy::NetworkRule;
 use toolhost_spec::spec::{Limits, MEMORY_BYTES};
 
 mod bindings {
+    #![allow(missing_docs)]
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "toolhost:plugin/plugin@0.1.0",
@@ -42,6 +45,7 @@ mod bindings {
 
 /// The host's JavaScript runtime: the same imports, other exports.
 mod js_bindings {
+    #![allow(missing_docs)]
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "toolhost:plugin/js-runtime@0.1.0",
@@ -95,15 +99,24 @@ impl Default for SandboxConfig {
 /// Why a component could not be loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
+    /// Over `SandboxConfig::max_component_bytes`.
     #[error("the component is {size} bytes; the limit is {limit}")]
-    TooLarge { size: usize, limit: usize },
+    TooLarge {
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Not a WebAssembly binary at all.
     #[error("not WebAssembly: the bytes do not start with the `\\0asm` header")]
     NotWasm,
     #[error(
         "this is a core WebAssembly module, not a component: build for `wasm32-wasip2` \
          (or wrap it with `wasm-tools component new`)"
     )]
+    /// A core module: toolhost runs components only.
     CoreModule,
+    /// Cranelift refused it (invalid Wasm, or a feature the engine does not enable).
     #[error("the component does not compile: {0}")]
     Compile(String),
     /// An import this host does not provide, or exports that do not match the WIT world.
@@ -114,9 +127,13 @@ pub enum LoadError {
 /// How a guest run ended other than by returning.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
+    /// It ran past its deadline (the epoch interrupt).
     Timeout,
+    /// It burned its fuel.
     OutOfFuel,
+    /// It tried to grow its memory past its cap.
     MemoryLimit,
+    /// It trapped; the guest's panic message where it left one.
     Trap(String),
     /// The sandbox itself failed (for example, instantiation failed for a host reason).
     Host(String),
@@ -139,7 +156,9 @@ impl std::fmt::Display for Fault {
 pub struct Permissions {
     /// Destinations `wasi:http` requests may go to.
     pub network: Vec<NetworkRule>,
+    /// The operator's egress rules, which every connection passes too.
     pub egress: Arc<EgressConfig>,
+    /// Directories preopened for the guest.
     pub dirs: Vec<Preopen>,
     /// Where `call-tool` requests go; `None`: the guest may not call other tools.
     pub tools: Option<tokio::sync::mpsc::Sender<NestedCall>>,
@@ -148,14 +167,19 @@ pub struct Permissions {
 /// A guest's `call-tool`: served by whoever runs the call, answered on `reply`.
 #[derive(Debug)]
 pub struct NestedCall {
+    /// The callee, by name.
     pub tool: String,
+    /// Its arguments, as JSON text.
     pub args: String,
     /// What the caller has left, which bounds the callee.
     pub fuel: u64,
+    /// The caller's deadline, which bounds the callee.
     pub deadline: Instant,
+    /// Where the answer goes.
     pub reply: tokio::sync::oneshot::Sender<NestedReply>,
 }
 
+/// The answer to a [`NestedCall`].
 #[derive(Debug)]
 pub struct NestedReply {
     /// The callee's JSON result, or `code: message`.
@@ -167,8 +191,11 @@ pub struct NestedReply {
 /// A host directory the guest sees at `guest`.
 #[derive(Debug, Clone)]
 pub struct Preopen {
+    /// The directory on the host (for messages; `handle` is what is opened).
     pub host: std::path::PathBuf,
+    /// Where the guest sees it.
     pub guest: String,
+    /// Whether the guest may write there.
     pub write: bool,
     /// The directory, already opened safely by the host: then it is preopened through this
     /// handle, never by resolving `host` again (which a symlink or a rename could redirect).
@@ -178,7 +205,9 @@ pub struct Preopen {
 /// A guest run: how it ended and what it cost.
 #[derive(Debug)]
 pub struct Run<T> {
+    /// What the guest returned, or how it failed.
     pub result: Result<T, Fault>,
+    /// Fuel it burned.
     pub fuel_used: u64,
 }
 
@@ -204,10 +233,21 @@ pub struct Prepared {
 /// on the runtime.
 #[derive(Debug, Clone, Copy)]
 pub enum Entry<'a> {
-    Tool { args: &'a str },
-    Js { source: &'a str, args: &'a str },
+    /// A tool component's `call`.
+    Tool {
+        /// The arguments.
+        args: &'a str,
+    },
+    /// The JS runtime's `run` of a tool's source.
+    Js {
+        /// The tool's JavaScript.
+        source: &'a str,
+        /// The arguments.
+        args: &'a str,
+    },
 }
 
+/// The engine, its pooled instances and the limits every call runs under. One per host.
 pub struct Sandbox {
     engine: Engine,
     linker: Linker<CallState>,
@@ -221,10 +261,12 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// An engine and a pool sized by `config`, and the epoch ticker.
     pub fn new(config: SandboxConfig) -> Result<Self, wasmtime::Error> {
         let engine = engine(&config)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        #[cfg(feature = "wasi-http")]
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
         use bindings::toolhost::plugin::{helpers, types};
         types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)?;
@@ -248,6 +290,7 @@ impl Sandbox {
         })
     }
 
+    /// The largest component [`Sandbox::compile`] accepts.
     pub fn max_component_bytes(&self) -> usize {
         self.config.max_component_bytes
     }
@@ -540,17 +583,18 @@ fn new_store(
         wasi.preopened_dir(&host, &dir.guest, perms)
             .map_err(|e| format!("cannot open the granted directory {}: {e}", dir.guest))?;
     }
-    let outbound = Outbound {
-        rules: permissions.network.clone(),
-        egress: permissions.egress.clone(),
-        helpers: helpers.clone(),
-    };
     let state = CallState {
         tools: permissions.tools.clone(),
         deadline,
         wasi: wasi.build(),
+        #[cfg(feature = "wasi-http")]
         http: WasiHttpCtx::new(),
-        outbound,
+        #[cfg(feature = "wasi-http")]
+        outbound: Outbound {
+            rules: permissions.network.clone(),
+            egress: permissions.egress.clone(),
+            helpers: helpers.clone(),
+        },
         table: ResourceTable::new(),
         memory: MemoryCap {
             limit: limits.memory_bytes as usize,
@@ -624,7 +668,9 @@ pub struct CallState {
     tools: Option<tokio::sync::mpsc::Sender<NestedCall>>,
     deadline: Instant,
     wasi: WasiCtx,
+    #[cfg(feature = "wasi-http")]
     http: WasiHttpCtx,
+    #[cfg(feature = "wasi-http")]
     outbound: Outbound,
     table: ResourceTable,
     memory: MemoryCap,
@@ -640,6 +686,7 @@ impl WasiView for CallState {
     }
 }
 
+#[cfg(feature = "wasi-http")]
 impl WasiHttpView for CallState {
     fn http(&mut self) -> WasiHttpCtxView<'_> {
         WasiHttpCtxView {

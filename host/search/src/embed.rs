@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 
 use crate::f32s_from_le;
 
+/// Dimensions of a static embedding.
 pub const DIMS: usize = 128;
 
 static VOCAB: &str = include_str!("../data/minilm-vocab.txt");
@@ -17,6 +18,7 @@ static TABLE: &[u8] = include_bytes!("../data/minilm-static-128.bin");
 /// Longer words are one unknown piece, as in BERT.
 const MAX_WORD_CHARS: usize = 100;
 
+/// Static word embeddings distilled from MiniLM: a vector per word piece, averaged per text.
 pub struct Embeddings {
     ids: HashMap<&'static str, u32>,
     scales: Vec<f32>,

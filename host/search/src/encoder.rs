@@ -5,13 +5,12 @@
 //! needs a 90 MB model file, so it is configured rather than built in:
 //! `toolhost serve --search-model DIR`.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::Deserialize;
-use serde_json::Value;
 use thiserror::Error;
 
 mod int8;
@@ -29,13 +28,18 @@ const SEP: u32 = 102;
 /// The length the model was trained with; longer texts are cut.
 const MAX_TOKENS: usize = 256;
 
+/// Why a search model cannot be loaded.
 #[derive(Debug, Error)]
 pub enum EncoderError {
+    /// A file of the model cannot be read.
     #[error("search model: cannot read {path}: {source}")]
     Read {
+        /// The file.
         path: String,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// A file of the model is not what the encoder expects.
     #[error("search model: {0}")]
     Format(String),
 }
@@ -74,6 +78,7 @@ struct Layer {
     output_norm: Norm,
 }
 
+/// The contextual encoder: all-MiniLM-L6-v2 with int8 weights, mean-pooled and normalized.
 pub struct SentenceEncoder {
     hidden: usize,
     heads: usize,
@@ -137,19 +142,19 @@ impl SentenceEncoder {
         }
         let weights = read("model.safetensors")?;
         let fingerprint = sha256_hex(&weights);
-        let mut tensors = Tensors::parse(weights)?;
+        let tensors = Tensors::parse(&weights)?;
         let h = config.hidden_size;
-        let dense = |t: &mut Tensors, name: &str, inputs: usize, outputs: usize| {
+        let dense = |t: &Tensors, name: &str, inputs: usize, outputs: usize| {
             Ok::<_, EncoderError>((
                 t.take(&format!("{name}.weight"), &[outputs, inputs])?,
                 t.take(&format!("{name}.bias"), &[outputs])?,
             ))
         };
-        let linear = |t: &mut Tensors, name: &str, inputs: usize, outputs: usize| {
+        let linear = |t: &Tensors, name: &str, inputs: usize, outputs: usize| {
             let (weight, bias) = dense(t, name, inputs, outputs)?;
             Ok::<_, EncoderError>(Linear::new(&weight, bias, inputs, outputs))
         };
-        let norm = |t: &mut Tensors, name: &str| {
+        let norm = |t: &Tensors, name: &str| {
             Ok::<_, EncoderError>(Norm {
                 gain: t.take(&format!("{name}.weight"), &[h])?,
                 bias: t.take(&format!("{name}.bias"), &[h])?,
@@ -160,27 +165,27 @@ impl SentenceEncoder {
             let p = format!("encoder.layer.{i}");
             let (mut weight, mut bias) = (Vec::new(), Vec::new());
             for part in ["query", "key", "value"] {
-                let (w, b) = dense(&mut tensors, &format!("{p}.attention.self.{part}"), h, h)?;
+                let (w, b) = dense(&tensors, &format!("{p}.attention.self.{part}"), h, h)?;
                 weight.extend(w);
                 bias.extend(b);
             }
             layers.push(Layer {
                 qkv: Linear::new(&weight, bias, h, 3 * h),
-                attention_out: linear(&mut tensors, &format!("{p}.attention.output.dense"), h, h)?,
-                attention_norm: norm(&mut tensors, &format!("{p}.attention.output.LayerNorm"))?,
+                attention_out: linear(&tensors, &format!("{p}.attention.output.dense"), h, h)?,
+                attention_norm: norm(&tensors, &format!("{p}.attention.output.LayerNorm"))?,
                 intermediate: linear(
-                    &mut tensors,
+                    &tensors,
                     &format!("{p}.intermediate.dense"),
                     h,
                     config.intermediate_size,
                 )?,
                 output: linear(
-                    &mut tensors,
+                    &tensors,
                     &format!("{p}.output.dense"),
                     config.intermediate_size,
                     h,
                 )?,
-                output_norm: norm(&mut tensors, &format!("{p}.output.LayerNorm"))?,
+                output_norm: norm(&tensors, &format!("{p}.output.LayerNorm"))?,
             });
         }
         let mut linears: Vec<&mut Linear> = layers
@@ -205,17 +210,19 @@ impl SentenceEncoder {
             positions: tensors
                 .take("embeddings.position_embeddings.weight", &[max_positions, h])?,
             token_type: tensors.take_rows("embeddings.token_type_embeddings.weight", h, 1)?,
-            embedding_norm: norm(&mut tensors, "embeddings.LayerNorm")?,
+            embedding_norm: norm(&tensors, "embeddings.LayerNorm")?,
             layers,
             fingerprint,
             encoded: AtomicU64::new(0),
         })
     }
 
+    /// Dimensions of its vectors.
     pub fn dimensions(&self) -> usize {
         self.hidden
     }
 
+    /// sha256 (hex) of its weights, which keys its stored vectors.
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
     }
@@ -397,93 +404,48 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// The f32 tensors of a safetensors file, by name.
-struct Tensors {
-    data: Vec<u8>,
-    start: usize,
-    entries: HashMap<String, (Vec<usize>, usize, usize)>,
-}
+/// The f32 tensors of a safetensors file, by name; the `safetensors` crate checks the header.
+struct Tensors<'a>(SafeTensors<'a>);
 
-impl Tensors {
-    fn parse(data: Vec<u8>) -> Result<Self, EncoderError> {
-        let bad = |what: &str| EncoderError::Format(format!("model.safetensors: {what}"));
-        let length = data
-            .get(..8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
-            .ok_or_else(|| bad("shorter than its header"))?;
-        let start = 8_usize
-            .checked_add(length)
-            .filter(|&end| end <= data.len())
-            .ok_or_else(|| bad("header runs past the end"))?;
-        let header: HashMap<String, Value> =
-            serde_json::from_slice(&data[8..start]).map_err(|e| bad(&format!("header: {e}")))?;
-        let mut entries = HashMap::new();
-        for (name, entry) in header {
-            if name == "__metadata__" || entry["dtype"] != "F32" {
-                continue;
-            }
-            let shape: Vec<usize> = serde_json::from_value(entry["shape"].clone())
-                .map_err(|_| bad(&format!("{name}: shape")))?;
-            let [from, to]: [usize; 2] = serde_json::from_value(entry["data_offsets"].clone())
-                .map_err(|_| bad(&format!("{name}: data_offsets")))?;
-            let fits = from <= to
-                && start.checked_add(to).is_some_and(|end| end <= data.len())
-                && shape
-                    .iter()
-                    .try_fold(4_usize, |bytes, &d| bytes.checked_mul(d))
-                    == Some(to - from);
-            if !fits {
-                return Err(bad(&format!(
-                    "{name}: offsets disagree with its shape or the file"
-                )));
-            }
-            entries.insert(name, (shape, from, to));
-        }
-        Ok(Tensors {
-            data,
-            start,
-            entries,
-        })
+impl<'a> Tensors<'a> {
+    fn parse(data: &'a [u8]) -> Result<Self, EncoderError> {
+        SafeTensors::deserialize(data)
+            .map(Tensors)
+            .map_err(|e| EncoderError::Format(format!("model.safetensors: {e}")))
     }
 
-    /// The tensor `name` (with or without a `bert.` prefix), which must have `shape`.
-    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EncoderError> {
-        let (found, from, to) = self
-            .entries
-            .remove(name)
-            .or_else(|| self.entries.remove(&format!("bert.{name}")))
-            .ok_or_else(|| {
-                EncoderError::Format(format!("model.safetensors: no f32 tensor {name}"))
-            })?;
-        if found != shape {
+    /// The f32 tensor `name`, with or without a `bert.` prefix.
+    fn view(&self, name: &str) -> Result<TensorView<'a>, EncoderError> {
+        self.0
+            .tensor(name)
+            .or_else(|_| self.0.tensor(&format!("bert.{name}")))
+            .ok()
+            .filter(|view| view.dtype() == Dtype::F32)
+            .ok_or_else(|| EncoderError::Format(format!("model.safetensors: no f32 tensor {name}")))
+    }
+
+    /// The tensor `name`, which must have `shape`.
+    fn take(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EncoderError> {
+        let view = self.view(name)?;
+        if view.shape() != shape {
             return Err(EncoderError::Format(format!(
-                "model.safetensors: {name} has shape {found:?}, expected {shape:?}"
+                "model.safetensors: {name} has shape {:?}, expected {shape:?}",
+                view.shape()
             )));
         }
-        Ok(f32s_from_le(&self.data[self.start + from..self.start + to]))
+        Ok(f32s_from_le(view.data()))
     }
 
     /// The first `rows` rows of the `? × width` tensor `name`.
-    fn take_rows(
-        &mut self,
-        name: &str,
-        width: usize,
-        rows: usize,
-    ) -> Result<Vec<f32>, EncoderError> {
-        let shape = self
-            .entries
-            .get(name)
-            .or_else(|| self.entries.get(&format!("bert.{name}")))
-            .map(|e| e.0.clone())
-            .unwrap_or_default();
+    fn take_rows(&self, name: &str, width: usize, rows: usize) -> Result<Vec<f32>, EncoderError> {
+        let view = self.view(name)?;
+        let shape = view.shape();
         if shape.len() != 2 || shape[1] != width || shape[0] < rows {
             return Err(EncoderError::Format(format!(
                 "model.safetensors: {name} has shape {shape:?}, expected at least [{rows}, {width}]"
             )));
         }
-        let mut all = self.take(name, &shape)?;
-        all.truncate(rows * width);
-        Ok(all)
+        Ok(f32s_from_le(&view.data()[..rows * width * 4]))
     }
 }
 
@@ -555,12 +517,13 @@ mod tests {
         assert!(err.to_string().contains("0 positions"), "{err}");
 
         std::fs::write(dir.path().join("config.json"), config).unwrap();
+        let short = r#"{"x":{"dtype":"F32","shape":[2,2],"data_offsets":[0,4]}}"#;
         let huge = r#"{"x":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,0]}}"#;
         for (bytes, expected) in [
-            (b"\x05\x00".to_vec(), "shorter than its header"),
+            (b"\x05\x00".to_vec(), "header too small"),
             (
                 [&200_u64.to_le_bytes()[..], b"{}"].concat(),
-                "header runs past the end",
+                "invalid header length",
             ),
             (
                 [&2_u64.to_le_bytes()[..], b"{}"].concat(),
@@ -568,7 +531,11 @@ mod tests {
             ),
             (
                 [&huge.len().to_le_bytes()[..], huge.as_bytes()].concat(),
-                "x: offsets disagree with its shape",
+                "overflow computing buffer size",
+            ),
+            (
+                [&short.len().to_le_bytes()[..], short.as_bytes(), &[0; 4]].concat(),
+                "invalid shape, data type, or offset for tensor x",
             ),
         ] {
             std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();

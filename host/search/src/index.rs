@@ -126,7 +126,9 @@ impl UnitVectors {
 /// Where a search model's vectors of tool texts persist (the host's store, in a server), as
 /// little-endian f32 bytes. Failures are the cache's to log: a miss only means encoding again.
 pub trait VectorCache: Send + Sync {
+    /// The stored vector under `key`, if any.
     fn get(&self, key: &str) -> Option<Vec<u8>>;
+    /// Stores a vector under `key`.
     fn put(&self, key: &str, vector: &[u8]);
 }
 
@@ -142,6 +144,7 @@ pub struct ToolVectors {
 const MEMORY_VECTORS: usize = 100_000;
 
 impl ToolVectors {
+    /// Vectors from `encoder`, persisted in `cache` if there is one.
     pub fn new(encoder: Arc<SentenceEncoder>, cache: Option<Arc<dyn VectorCache>>) -> Self {
         ToolVectors {
             encoder,
@@ -224,6 +227,7 @@ fn embedding_text(spec: &ToolSpec) -> String {
 }
 
 impl Index {
+    /// An index of `specs` with static embeddings for its semantic half.
     pub fn build(specs: &[ToolSpec]) -> Self {
         Index::with_semantic(specs, static_vectors(specs))
     }

@@ -4,6 +4,8 @@
 //! host, no Wasm, no store (vectors persist through the [`VectorCache`] trait). Built with
 //! `opt-level = 3` in every profile, so its tests run at release speed.
 
+#![deny(missing_docs)]
+
 pub mod embed;
 pub mod encoder;
 pub mod index;

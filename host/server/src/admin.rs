@@ -24,43 +24,68 @@ pub const SOCKET: &str = "admin.sock";
 /// A request line longer than this is refused (a policy is the largest command).
 const MAX_REQUEST_BYTES: usize = 4 << 20;
 
+/// One command over the admin socket, as the CLI sends it (a JSON line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum AdminCommand {
+    /// Records a tenant.
     TenantCreate {
+        /// The tenant id.
         tenant: String,
     },
+    /// Lists the tenants.
     TenantList,
+    /// Makes an API key.
     KeyCreate {
+        /// Whose key.
         tenant: String,
+        /// What it may do (default: agent).
         #[serde(default = "agent")]
         role: Role,
     },
-    /// Every tenant's keys when `tenant` is `None`.
+    /// Lists keys: every tenant's when `tenant` is `None`.
     KeyList {
+        /// Whose keys.
         tenant: Option<String>,
     },
+    /// Revokes a key.
     KeyRevoke {
+        /// The key's public id.
         id: String,
     },
+    /// Sets a configuration value.
     ConfigSet {
+        /// Whose.
         tenant: String,
+        /// The key.
         key: String,
+        /// The value.
         value: String,
+        /// Never shown again, sealed at rest.
         secret: bool,
     },
+    /// Lists a tenant's configuration, secrets hidden.
     ConfigList {
+        /// Whose.
         tenant: String,
     },
+    /// Deletes a configuration value.
     ConfigRemove {
+        /// Whose.
         tenant: String,
+        /// The key.
         key: String,
     },
+    /// Shows a tenant's policy.
     PolicyShow {
+        /// Whose.
         tenant: String,
     },
+    /// Replaces a tenant's policy.
     PolicySet {
+        /// Whose.
         tenant: String,
+        /// The new policy.
         policy: TenantPolicy,
     },
 }
@@ -68,11 +93,19 @@ pub enum AdminCommand {
 /// What a command printed, or why it failed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AdminReply {
-    Done { stdout: String, stderr: String },
+    /// It ran.
+    Done {
+        /// What to print.
+        stdout: String,
+        /// What to print as a note.
+        stderr: String,
+    },
+    /// It failed, in words.
     Failed(String),
 }
 
 impl AdminCommand {
+    /// Runs the command on `host`.
     pub fn execute(self, host: &Host) -> AdminReply {
         match self.run(host) {
             Ok((stdout, stderr)) => AdminReply::Done { stdout, stderr },
@@ -213,23 +246,17 @@ pub async fn send(data_dir: &Path, command: &AdminCommand) -> std::io::Result<Ad
     serde_json::from_str(&line).map_err(std::io::Error::other)
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` from Unix milliseconds (civil-from-days, no date crate needed).
+/// `YYYY-MM-DDTHH:MM:SSZ` from Unix milliseconds.
 pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(ms / 1000);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamps_are_rfc3339_in_utc() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(951_825_599_999), "2000-02-29T11:59:59Z");
+    }
 }

@@ -15,22 +15,31 @@ use toolhost_search::{Index, SentenceEncoder, ToolVectors, VectorCache};
 
 pub use toolhost::spec::{TOOL_CALL, TOOL_DESCRIBE, TOOL_SEARCH};
 
+/// Whether agents see every tool or the search bridges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
+    /// Every tool, always.
     Off,
+    /// The bridges, always.
     On,
     /// On when the full listing would exceed `threshold_pct` of `listing_max_tokens`.
     Auto,
 }
 
+/// Progressive disclosure: when and how agents search the catalog instead of listing it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct DisclosureConfig {
+    /// Off, on, or auto.
     pub enabled: Mode,
+    /// In auto mode, the share of `listing_max_tokens` past which the bridges are shown.
     pub threshold_pct: u32,
+    /// The token budget of a tool listing.
     pub listing_max_tokens: usize,
+    /// Hits a search returns when the agent asks for no number.
     pub search_default_limit: usize,
+    /// The most hits a search returns.
     pub max_search_limit: usize,
     /// The top hits carry their full input schema, so the agent can call at once.
     pub search_inline_schema_max: usize,
@@ -83,6 +92,7 @@ struct TenantIndex {
 }
 
 impl Disclosure {
+    /// Disclosure of `host`'s catalogs under `config`.
     pub fn new(host: Arc<Host>, config: DisclosureConfig) -> Self {
         let tool_vectors = config.search_model.clone().map(|encoder| {
             let cache: Arc<dyn VectorCache> = Arc::new(StoreVectors(host.store().clone()));

@@ -3,6 +3,8 @@
 //! bridges (`tool_search`, `tool_describe`, `tool_call`), and the operator's admin socket.
 //! Everything below it is the `toolhost` library; nothing below it knows HTTP.
 
+#![deny(missing_docs)]
+
 pub mod admin;
 pub mod bridges;
 pub mod listener;

@@ -20,7 +20,9 @@ use tokio::sync::Semaphore;
 /// Bounds on the HTTP listener's connections.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
+    /// Open connections in all.
     pub max_connections: usize,
+    /// Open connections from one IP address.
     pub max_per_peer: usize,
     /// For a request's headers to arrive, counted from the connection's start or the end
     /// of its previous response.

@@ -31,6 +31,7 @@ pub const PAGE_SIZE: usize = 50;
 #[derive(Debug, Clone)]
 pub struct McpTenant(pub String);
 
+/// The MCP server (rmcp): tools/list, tools/call and change notifications, per tenant.
 #[derive(Clone)]
 pub struct McpServer {
     host: Arc<Host>,
@@ -41,6 +42,7 @@ pub struct McpServer {
 }
 
 impl McpServer {
+    /// For `toolhost mcp`: one tenant, over stdio.
     pub fn stdio(host: Arc<Host>, disclosure: DisclosureConfig, tenant: String) -> Self {
         McpServer {
             disclosure: Arc::new(Disclosure::new(host.clone(), disclosure)),
@@ -49,6 +51,7 @@ impl McpServer {
         }
     }
 
+    /// For `/mcp`: the tenant of each request's key.
     pub fn http(host: Arc<Host>, disclosure: Arc<Disclosure>) -> Self {
         McpServer {
             host,

@@ -643,10 +643,7 @@ fn approval_error(error: ApprovalError) -> ApiError {
 /// Prometheus metrics. No key: the page names no tenant and no tool.
 async fn metrics(State(app): State<App>) -> impl IntoResponse {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, toolhost::metrics::CONTENT_TYPE)],
         app.host.metrics().render(),
     )
 }

@@ -24,6 +24,7 @@ impl Role {
         Role::Developer
     }
 
+    /// The role's name, as `--role` and the API spell it.
     pub fn name(self) -> &'static str {
         match self {
             Role::Agent => "agent",
@@ -33,6 +34,7 @@ impl Role {
         }
     }
 
+    /// Whether a key of this role may do `access`.
     pub fn may(self, access: Access) -> bool {
         use Role::*;
         match access {

@@ -12,6 +12,7 @@ use crate::schema::ArgError;
 /// Who is calling: the embedding application says this, never the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Caller {
+    /// The tenant the call is for: it sees only its own tools, data and limits.
     pub tenant: String,
     /// Opaque JSON handed to the tool as `ctx.data` (`null` if none).
     #[serde(default)]
@@ -19,6 +20,7 @@ pub struct Caller {
 }
 
 impl Caller {
+    /// A caller for `tenant`, with no data.
     pub fn tenant(tenant: impl Into<String>) -> Self {
         Caller {
             tenant: tenant.into(),
@@ -26,6 +28,7 @@ impl Caller {
         }
     }
 
+    /// Adds the opaque `data` the tool sees as `ctx.data`.
     pub fn with_data(mut self, data: Value) -> Self {
         self.data = data;
         self
@@ -35,9 +38,13 @@ impl Caller {
 /// What a tool sees of its call.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CallContext {
+    /// The calling tenant.
     pub tenant: String,
+    /// This call's id, as in its outcome and log.
     pub call_id: String,
+    /// The tool's name.
     pub tool: String,
+    /// The caller's `data` (`null` if none).
     pub data: Value,
 }
 
@@ -47,15 +54,18 @@ pub enum ToolError {
     /// The arguments passed the schema but the tool cannot use them.
     #[error("invalid arguments: {0}")]
     InvalidArgs(String),
+    /// The tool failed, in its own words.
     #[error("{0}")]
     Failed(String),
 }
 
 impl ToolError {
+    /// A [`ToolError::Failed`] with `message`.
     pub fn failed(message: impl fmt::Display) -> Self {
         ToolError::Failed(message.to_string())
     }
 
+    /// A [`ToolError::InvalidArgs`] with `message`.
     pub fn invalid_args(message: impl fmt::Display) -> Self {
         ToolError::InvalidArgs(message.to_string())
     }
@@ -68,40 +78,81 @@ pub enum CallError {
     /// No tool of that name for this tenant. Says the same whether or not another tenant has
     /// one, so existence does not leak.
     #[error("no tool named `{name}`")]
-    NotFound { name: String },
+    NotFound {
+        /// The name asked for.
+        name: String,
+    },
+    /// The arguments do not match the tool's parameter schema.
     #[error("invalid arguments: {}", list(errors))]
-    InvalidArgs { errors: Vec<ArgError> },
+    InvalidArgs {
+        /// Each violation, with the path of the argument at fault.
+        errors: Vec<ArgError>,
+    },
+    /// The tool ran and reported a failure of its own.
     #[error("tool error: {0}")]
     Tool(#[from] ToolError),
+    /// The call ran past its deadline (`limits.timeout_ms`), waiting included.
     #[error("timed out after {limit_ms} ms (limits.timeout_ms)")]
-    Timeout { limit_ms: u64 },
+    Timeout {
+        /// The deadline, in milliseconds.
+        limit_ms: u64,
+    },
+    /// The guest burned all its fuel (`limits.fuel`).
     #[error("ran out of fuel after {limit} units (limits.fuel)")]
-    OutOfFuel { limit: u64 },
+    OutOfFuel {
+        /// The fuel it had.
+        limit: u64,
+    },
+    /// The guest tried to grow its memory past `limits.memory_bytes`.
     #[error("exceeded its memory limit of {limit_bytes} bytes (limits.memory_bytes)")]
-    MemoryLimit { limit_bytes: u64 },
+    MemoryLimit {
+        /// The cap, in bytes.
+        limit_bytes: u64,
+    },
     /// The guest crashed: a Wasm trap, with the guest's own message where it left one.
     #[error("trapped: {message}")]
-    Trap { message: String },
+    Trap {
+        /// The trap, and the guest's panic message if it left one.
+        message: String,
+    },
     /// The tool returned something that is not JSON.
     #[error("returned invalid output: {reason}")]
-    InvalidOutput { reason: String },
+    InvalidOutput {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The host could not run the call (for example, its stored component is missing).
     #[error("host error: {message}")]
-    Internal { message: String },
+    Internal {
+        /// What went wrong, for the operator.
+        message: String,
+    },
     /// The tenant's policy or a hook of the embedding app refused the call.
     #[error("denied: {reason}")]
-    Denied { reason: String },
+    Denied {
+        /// Which rule refused it.
+        reason: String,
+    },
     /// The call waits for the embedding app to approve or reject it, by this call id.
     #[error("call `{call_id}` needs approval before it runs")]
-    ApprovalRequired { call_id: String },
+    ApprovalRequired {
+        /// The held call's id, to approve or reject.
+        call_id: String,
+    },
     /// The embedding app rejected the call.
     #[error("rejected: {reason}")]
-    Rejected { reason: String },
+    Rejected {
+        /// The approver's reason.
+        reason: String,
+    },
     /// The tenant is over a rate or concurrency limit of its policy; other tenants are not.
     #[error("rate limited: {message}")]
     RateLimited {
+        /// The policy field whose limit was hit, such as `rate.per_minute`.
         limit: &'static str,
+        /// The limit, in words.
         message: String,
+        /// When a retry may succeed, where known.
         retry_after_ms: Option<u64>,
     },
 }
@@ -138,14 +189,19 @@ impl CallError {
 /// Everything one call produced.
 #[derive(Debug, Clone)]
 pub struct CallOutcome {
+    /// The call's id.
     pub call_id: String,
+    /// The tool's name, as called.
     pub tool: String,
+    /// The tool's JSON result, or why there is none.
     pub result: Result<Value, CallError>,
     /// Set when the result was over `max_result_chars` and was clipped to fit.
     pub clipped: Option<Clipped>,
     /// The result came from the result cache; the tool did not run.
     pub cache_hit: bool,
+    /// What the call logged.
     pub log: CallLog,
+    /// From the call to its outcome, queueing and retries included.
     pub duration: Duration,
     /// Fuel the guest burned (Wasm tools only), over every attempt.
     pub fuel_used: Option<u64>,
@@ -179,27 +235,39 @@ impl CallOutcome {
     }
 }
 
+/// The level of a line a tool logs through the `log` helper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
+    /// Finest detail.
     Trace,
+    /// For the tool's developer.
     Debug,
+    /// Normal operation.
     Info,
+    /// Something to look at.
     Warn,
+    /// A failure.
     Error,
 }
 
+/// One line a tool logged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LogLine {
+    /// Its level.
     pub level: Level,
+    /// Its text.
     pub message: String,
 }
 
 /// What a call logged: helper log lines and the guest's stdout and stderr, each capped.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct CallLog {
+    /// Lines from the `log` helper, in order.
     pub lines: Vec<LogLine>,
+    /// The guest's stdout.
     pub stdout: String,
+    /// The guest's stderr.
     pub stderr: String,
     /// Bytes past the caps, counted and dropped.
     pub dropped_bytes: u64,

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use crate::spec::ToolSpec;
 use crate::strict::openai_strict;
 
+/// The tool-spec shape of one LLM API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     /// `{"type": "function", "function": {name, description, parameters, strict}}`
@@ -69,6 +70,7 @@ pub fn tool(spec: &ToolSpec, format: Format) -> Value {
     }
 }
 
+/// `specs` in `format`, in order.
 pub fn tools<'a>(specs: impl IntoIterator<Item = &'a ToolSpec>, format: Format) -> Vec<Value> {
     specs.into_iter().map(|spec| tool(spec, format)).collect()
 }

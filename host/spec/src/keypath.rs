@@ -14,6 +14,7 @@ enum Step {
 }
 
 impl KeyPath {
+    /// Parses `path`, or says what is wrong with it.
     pub fn parse(path: &str) -> Result<Self, String> {
         let mut rest = path.strip_prefix('$').ok_or("must start with `$`")?;
         let mut steps = Vec::new();

@@ -4,6 +4,8 @@
 //! paths, tenant policies, and the outcome of a call. Nothing here runs Wasm, touches a disk
 //! or knows HTTP, so every crate of toolhost, and an app's own code, can share these types.
 
+#![deny(missing_docs)]
+
 pub mod access;
 pub mod call;
 pub mod clip;

@@ -25,6 +25,7 @@ pub struct TenantPolicy {
     /// Calls per minute, with bursts of up to `burst` (default: the per-minute figure).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calls_per_minute: Option<u32>,
+    /// Calls allowed at once above the steady rate.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub burst: Option<u32>,
     /// Calls running at once.
@@ -40,6 +41,7 @@ pub struct TenantPolicy {
     pub files_quota_bytes: Option<u64>,
 }
 
+/// The tenant's files quota when its policy sets none.
 pub const DEFAULT_FILES_QUOTA_BYTES: u64 = 100 << 20;
 
 /// Capabilities granted to a tool.
@@ -52,6 +54,7 @@ pub struct Grants {
     /// (`egress.allow_private`); an IP literal granted here is allowed even if non-public.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub network: Vec<NetworkRule>,
+    /// Directories of the tenant's files the tool may open.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub filesystem: Vec<DirGrant>,
 }
@@ -64,6 +67,7 @@ pub struct DirGrant {
     pub dir: String,
     /// Where the guest sees it: an absolute path such as `/data`.
     pub guest: String,
+    /// Whether the guest may write there (default: read only).
     #[serde(default)]
     pub write: bool,
 }
@@ -71,6 +75,7 @@ pub struct DirGrant {
 /// One allowed destination, parsed from `[scheme://]host[:port]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkRule {
+    /// `https` or `http`.
     pub scheme: String,
     /// Lower case; a leading `*.` matches any subdomain.
     pub host: String,
@@ -202,22 +207,29 @@ pub fn is_plain_relative(dir: &str) -> bool {
 /// The most patterns a list may hold; each is a tool name or a name prefix and `*`.
 pub const MAX_PATTERNS: usize = 1024;
 
+/// A policy that breaks a rule: names the field and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("policy: {field}: {rule}")]
 pub struct PolicyError {
+    /// The policy field at fault.
     pub field: &'static str,
+    /// What it must be.
     pub rule: String,
 }
 
 /// What the policy says about one call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
+    /// The call may run.
     Run,
+    /// The call waits for an approver.
     NeedsApproval,
+    /// The call is refused, for this reason.
     Denied(String),
 }
 
 impl TenantPolicy {
+    /// Checks every field against its rule.
     pub fn validate(&self) -> Result<(), PolicyError> {
         let lists = [
             ("allow", self.allow.as_deref().unwrap_or_default()),

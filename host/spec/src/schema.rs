@@ -10,7 +10,9 @@ pub mod cost;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+/// The largest parameter schema, as JSON text.
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+/// The deepest nesting of a parameter schema.
 pub const MAX_SCHEMA_DEPTH: usize = 64;
 /// A call with more failures than this reports the first ones; the rest add nothing.
 const MAX_REPORTED_ERRORS: usize = 20;
@@ -31,6 +33,7 @@ impl fmt::Debug for ArgsValidator {
 pub struct ArgError {
     /// JSON Pointer into the arguments (`""` is the arguments object itself).
     pub path: String,
+    /// What is wrong there.
     pub message: String,
 }
 

@@ -8,7 +8,9 @@ use serde_json::Value;
 use crate::keypath::KeyPath;
 use crate::schema::{self, ArgsValidator};
 
+/// The longest tool name, in characters.
 pub const MAX_NAME_CHARS: usize = 64;
+/// The longest description, in characters.
 pub const MAX_DESCRIPTION_CHARS: usize = 4096;
 
 /// A tool as declared by its author (a component's `list-tools`, or the embedding app for a
@@ -25,11 +27,13 @@ pub struct ToolSpec {
     /// Reject properties the schema does not declare.
     #[serde(default)]
     pub strict: bool,
+    /// A group name, for listing tools by group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     /// Callable by the host application, never listed to an agent.
     #[serde(default)]
     pub private: bool,
+    /// Per-call limits: see [`Limits`].
     #[serde(default)]
     pub limits: Limits,
     /// Reuse results: see [`CachePolicy`].
@@ -57,6 +61,7 @@ fn is_zero(value: &u32) -> bool {
     *value == 0
 }
 
+/// The most times a stalled idempotent call may be run again (`retry_count_on_stall`).
 pub const MAX_RETRY_COUNT_ON_STALL: u32 = 5;
 
 /// A call whose arguments hold the same value at `key_path` as an earlier call within `ttl_ms`
@@ -64,17 +69,20 @@ pub const MAX_RETRY_COUNT_ON_STALL: u32 = 5;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CachePolicy {
+    /// How long a result may be reused, in milliseconds ([`CACHE_TTL_MS`]).
     pub ttl_ms: u64,
     /// A JSONPath into the arguments without wildcards: `$`, `$.city`, `$.query.terms[0]`.
     pub key_path: String,
 }
 
+/// `cache.ttl_ms`.
 pub const CACHE_TTL_MS: LimitRule = LimitRule {
     field: "cache.ttl_ms",
     default: 0,
     min: 1,
     max: 30 * 24 * 3600 * 1000,
 };
+/// The most config keys a tool may declare.
 pub const MAX_CONFIG_KEYS: usize = 32;
 
 /// `^[A-Za-z0-9_.-]{1,128}$`
@@ -89,20 +97,29 @@ pub fn is_valid_config_key(key: &str) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
+    /// Wall-clock deadline of one call, in milliseconds ([`TIMEOUT_MS`]).
     pub timeout_ms: u64,
+    /// Fuel, about one unit per Wasm instruction ([`FUEL`]).
     pub fuel: u64,
+    /// The guest's linear memory cap, in bytes ([`MEMORY_BYTES`]).
     pub memory_bytes: u64,
+    /// Results longer than this are clipped ([`MAX_RESULT_CHARS`]).
     pub max_result_chars: u64,
 }
 
 /// One limit's default and allowed range, in one table so docs and checks cannot disagree.
 pub struct LimitRule {
+    /// The field's path in a spec, as errors name it.
     pub field: &'static str,
+    /// Its value when the spec leaves it out.
     pub default: u64,
+    /// The least it may be.
     pub min: u64,
+    /// The most it may be.
     pub max: u64,
 }
 
+/// `limits.timeout_ms`.
 pub const TIMEOUT_MS: LimitRule = LimitRule {
     field: "limits.timeout_ms",
     default: 30_000,
@@ -116,6 +133,7 @@ pub const FUEL: LimitRule = LimitRule {
     min: 1,
     max: 200_000_000_000,
 };
+/// `limits.memory_bytes`.
 pub const MEMORY_BYTES: LimitRule = LimitRule {
     field: "limits.memory_bytes",
     default: 64 << 20,
@@ -142,6 +160,7 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// [`Limits::timeout_ms`] as a duration.
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
     }
@@ -169,12 +188,16 @@ impl Limits {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("tool `{tool}`: {field}: {rule}")]
 pub struct SpecError {
+    /// The tool's name (cut to 65 characters).
     pub tool: String,
+    /// The field at fault, such as `limits.fuel`.
     pub field: String,
+    /// What it must be.
     pub rule: String,
 }
 
 impl SpecError {
+    /// An error about `field` of `tool`.
     pub fn new(tool: &str, field: &str, rule: impl Into<String>) -> Self {
         // A hostile name must not flood an error message.
         let tool: String = tool.chars().take(MAX_NAME_CHARS + 1).collect();
@@ -188,7 +211,9 @@ impl SpecError {
 
 /// The progressive-disclosure bridges an agent may be shown (served by `toolhost-server`).
 pub const TOOL_SEARCH: &str = "tool_search";
+/// The bridge that describes one tool.
 pub const TOOL_DESCRIBE: &str = "tool_describe";
+/// The bridge that calls a tool by name.
 pub const TOOL_CALL: &str = "tool_call";
 /// Names no tenant tool may take: a call by one of them reaches the bridge, so a tenant tool
 /// under it would be listed but never called.

@@ -24,6 +24,7 @@ const UNSUPPORTED_IN_STRICT: &[&str] = &[
     "maxContains",
     "uniqueItems",
 ];
+/// Schemas nested deeper than this cannot be strict (OpenAI's limit).
 pub const MAX_STRICT_DEPTH: usize = 10;
 const MAX_STRICT_PROPERTIES: usize = 5000;
 

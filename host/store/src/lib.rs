@@ -14,6 +14,8 @@
 //! them, so a crash between the two leaves at worst an unreferenced blob, never an entry that
 //! points at nothing. Every write that must survive a crash is flushed before it returns.
 
+#![deny(missing_docs)]
+
 mod sealed;
 
 use std::mem::ManuallyDrop;
@@ -32,7 +34,9 @@ use toolhost_spec::spec::ToolSpec;
 /// A tool's history: the versions kept, and which one answers calls.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolEntry {
+    /// The tenant that owns the tool.
     pub tenant: String,
+    /// The tool's name, unique within its tenant.
     pub name: String,
     /// The version calls run, one of `versions`.
     pub current: u32,
@@ -40,19 +44,24 @@ pub struct ToolEntry {
     pub versions: Vec<ToolVersion>,
 }
 
+/// One installed version of a tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolVersion {
+    /// Counts from 1 within its entry.
     pub version: u32,
     /// What implements it.
     #[serde(default)]
     pub kind: SourceKind,
+    /// The spec it was installed with.
     pub spec: ToolSpec,
     /// sha256 (hex) of the blob that implements it: the component, the HTTP request
     /// definition (JSON), or the JS source and the runtime it runs on (JSON).
     pub component: String,
+    /// When it was installed (Unix milliseconds).
     pub installed_at_ms: u64,
 }
 
+/// What kind of code implements a version.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceKind {
@@ -69,11 +78,13 @@ pub enum SourceKind {
 pub const MAX_VERSIONS_KEPT: usize = 20;
 
 impl ToolEntry {
+    /// The version calls run.
     pub fn current(&self) -> &ToolVersion {
         self.version(self.current)
             .expect("an entry's current version is one of its versions")
     }
 
+    /// The kept version numbered `version`.
     pub fn version(&self, version: u32) -> Option<&ToolVersion> {
         self.versions.iter().find(|v| v.version == version)
     }
@@ -105,8 +116,11 @@ impl ToolEntry {
 pub struct KeyRecord {
     /// Public id, to list and revoke the key by.
     pub id: String,
+    /// The tenant the key acts for.
     pub tenant: String,
+    /// When it was made (Unix milliseconds).
     pub created_at_ms: u64,
+    /// What the key may do; keys stored before roles read as developers.
     #[serde(default = "Role::stored_before_roles")]
     pub role: Role,
 }
@@ -114,23 +128,48 @@ pub struct KeyRecord {
 /// A tenant's configuration value, readable by the tools that declare its key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigValue {
+    /// The value, sealed at rest when `secret`.
     pub value: String,
     /// Never shown in listings, logs or errors.
     pub secret: bool,
 }
 
+/// Why the store failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// Another process holds the data directory.
     #[error("the data directory {path} is in use by another toolhost process")]
-    Locked { path: String },
+    Locked {
+        /// The data directory.
+        path: String,
+    },
+    /// The data directory cannot be opened.
     #[error("cannot open the data directory {path}: {reason}")]
-    Open { path: String, reason: String },
+    Open {
+        /// The data directory.
+        path: String,
+        /// Why not.
+        reason: String,
+    },
+    /// The storage engine failed (I/O, a full disk).
     #[error("storage error: {0}")]
     Backend(String),
+    /// A record does not decode.
     #[error("stored record `{key}` is unreadable: {reason}")]
-    Corrupt { key: String, reason: String },
+    Corrupt {
+        /// The record's key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A sealed secret cannot be opened (a different or missing secrets key).
     #[error("the secret `{name}` is sealed and cannot be read: {reason}")]
-    Sealed { name: String, reason: String },
+    Sealed {
+        /// The configuration key.
+        name: String,
+        /// Why it cannot be opened.
+        reason: String,
+    },
 }
 
 impl From<sled::Error> for StoreError {
@@ -139,17 +178,22 @@ impl From<sled::Error> for StoreError {
     }
 }
 
+/// The store's result.
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// Everything the host persists. Keys are tenant-scoped by construction: every method that
 /// reads or writes tenant data takes the tenant.
 pub trait Store: Send + Sync {
+    /// Every tool entry of every tenant.
     fn tool_entries(&self) -> Result<Vec<ToolEntry>>;
+    /// One tenant's tool entries.
     fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>>;
     /// Writes all entries at once: after a crash, either all of them are there or none.
     fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()>;
+    /// Forgets a tool; false if there was none.
     fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool>;
 
+    /// The blob with this sha256 (hex).
     fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>>;
     /// Stores `bytes` under `sha`, their sha256 (hex).
     fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()>;
@@ -164,38 +208,57 @@ pub trait Store: Send + Sync {
     /// The artifact, only if its checksum still matches; a damaged one is dropped so that the
     /// caller recompiles from the blob.
     fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>>;
+    /// Replaces a compiled artifact (one compiled again after the last was dropped).
     fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()>;
 
+    /// A cached result, unless it expired by `now_ms`.
     fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>>;
+    /// Caches a result until `expires_at_ms`.
     fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()>;
     /// Drops expired results; returns how many.
     fn cache_purge(&self, now_ms: u64) -> Result<usize>;
 
+    /// A tool's KV value.
     fn kv_get(&self, tenant: &str, tool: &str, key: &str) -> Result<Option<Vec<u8>>>;
+    /// Sets a tool's KV value.
     fn kv_set(&self, tenant: &str, tool: &str, key: &str, value: &[u8]) -> Result<()>;
+    /// Deletes a tool's KV value; false if there was none.
     fn kv_delete(&self, tenant: &str, tool: &str, key: &str) -> Result<bool>;
+    /// How many KV keys a tool holds.
     fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize>;
 
+    /// A tenant's configuration value (opened, if sealed).
     fn config_get(&self, tenant: &str, key: &str) -> Result<Option<ConfigValue>>;
+    /// Sets a tenant's configuration value (sealed, if secret and a key is set).
     fn config_set(&self, tenant: &str, key: &str, value: &ConfigValue) -> Result<()>;
+    /// Deletes a configuration value; false if there was none.
     fn config_delete(&self, tenant: &str, key: &str) -> Result<bool>;
+    /// A tenant's configuration keys.
     fn config_keys(&self, tenant: &str) -> Result<Vec<String>>;
 
+    /// A tenant's policy, if it has one.
     fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>>;
+    /// Sets a tenant's policy.
     fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()>;
 
     /// Records a tenant; false if it existed.
     fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool>;
+    /// Every tenant.
     fn tenants(&self) -> Result<Vec<String>>;
+    /// Stores an API key's record under the key's sha256.
     fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()>;
+    /// The record of the key with this sha256.
     fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>>;
+    /// Every key's record.
     fn keys(&self) -> Result<Vec<KeyRecord>>;
     /// Revokes the key with this public id; false if there was none.
     fn key_revoke(&self, id: &str) -> Result<bool>;
 
     /// Calls waiting for approval, by call id.
     fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()>;
+    /// Forgets a held call; false if there was none.
     fn held_call_remove(&self, call_id: &str) -> Result<bool>;
+    /// Every held call, by call id.
     fn held_calls(&self) -> Result<Vec<(String, HeldCall)>>;
 
     /// A search model's vector of a tool's text (its bytes, as the search crate encodes
@@ -215,14 +278,18 @@ pub fn now_ms() -> u64 {
 /// A call waiting for approval, as stored: everything needed to run it once approved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeldCall {
+    /// Who called, as at the call.
     pub caller: Caller,
+    /// The tool, by name.
     pub tool: String,
+    /// The validated arguments.
     pub args: Value,
     /// Wall-clock milliseconds since the Unix epoch, so that the age survives a restart.
     pub held_at_ms: u64,
 }
 
 impl HeldCall {
+    /// How long it has waited by `now_ms`.
     pub fn waiting_ms(&self, now_ms: u64) -> u64 {
         now_ms.saturating_sub(self.held_at_ms)
     }
@@ -232,6 +299,7 @@ fn key(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
 }
 
+/// The sled implementation of [`Store`]: one data directory, one process.
 pub struct SledStore {
     /// Closed by `Drop` on a thread of its own, within a bound.
     sled: ManuallyDrop<Sled>,

@@ -26,6 +26,7 @@ impl std::fmt::Debug for SecretsKey {
 }
 
 impl SecretsKey {
+    /// A key from its 32 bytes.
     pub fn new(bytes: [u8; 32]) -> Self {
         SecretsKey(bytes.into())
     }
