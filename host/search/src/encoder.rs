@@ -535,7 +535,7 @@ mod tests {
             ),
             (
                 [&short.len().to_le_bytes()[..], short.as_bytes(), &[0; 4]].concat(),
-                "invalid shape, data type, or offset for tensor x",
+                "invalid shape, data type, or offset for tensor",
             ),
         ] {
             std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
