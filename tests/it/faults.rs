@@ -48,7 +48,8 @@ impl SmallDisk {
 
 impl Drop for SmallDisk {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
+        // Lazily: a store abandoned on a failed disk may still hold files open there.
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
     }
 }
 
@@ -103,4 +104,130 @@ fn a_full_disk_fails_an_install_fast_and_clearly_and_loses_nothing() {
     assert!(out.contains("\"words\": 2"), "{out}");
     let (code, out, _) = toolhost(&data, &["install", json_query.to_str().unwrap()]);
     assert_eq!(code, Some(0), "space came back, writes succeed: {out}");
+}
+
+/// One HTTP/1.1 request to `addr` (the connection closes after it): status and body.
+fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    key: &str,
+    body: &[u8],
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let content_type = if path == "/v1/tools" {
+        "application/wasm"
+    } else {
+        "application/json"
+    };
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .expect("the server answers within 10 s");
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// `serve` on a disk that fills: writes answer 503 `storage_unavailable` naming the cause,
+/// `/healthz` and `/metrics` say the store is down, and everything that needs no write
+/// (listing, calling a tool that writes nothing) goes on being served; SIGTERM still stops
+/// it promptly. (A process of its own: sled's state is process-wide, and a store abandoned
+/// on a failed disk would wedge every other store in the test process.)
+#[test]
+fn a_server_on_a_full_disk_refuses_writes_clearly_and_serves_reads() {
+    let Some(disk) = SmallDisk::mount("1500k") else {
+        return;
+    };
+    let data = disk.dir.join("data");
+    let plugin = |name: &str| crate::plugins::plugins_dir().join(format!("{name}.wasm"));
+    let text_stats = plugin("text_stats");
+    for args in [
+        &["tenant", "create", "acme"][..],
+        &["--tenant", "acme", "install", text_stats.to_str().unwrap()],
+    ] {
+        let (code, out, _) = toolhost(&data, args);
+        assert_eq!(code, Some(0), "{out}");
+    }
+    let (code, key, _) = toolhost(
+        &data,
+        &["--tenant", "acme", "key", "create", "--role", "admin"],
+    );
+    assert_eq!(code, Some(0), "{key}");
+    let key = key.lines().next().unwrap().trim().to_owned();
+
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["serve", "--listen", &addr.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            ready.elapsed() < Duration::from_secs(20),
+            "serve did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(http(addr, "GET", "/healthz", &key, b"").0, 200);
+
+    let json_query = std::fs::read(plugin("json_query")).unwrap();
+    let (status, body) = http(addr, "POST", "/v1/tools", &key, &json_query);
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("storage_unavailable") && body.contains("No space left"),
+        "{body}"
+    );
+    let (status, body) = http(addr, "GET", "/healthz", &key, b"");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("storage_unavailable"), "{body}");
+    let (_, metrics) = http(addr, "GET", "/metrics", &key, b"");
+    assert!(metrics.contains("toolhost_storage_up 0\n"), "{metrics}");
+    // Reads and calls that write nothing are served from memory.
+    let (status, body) = http(addr, "GET", "/v1/tools", &key, b"");
+    assert!(status == 200 && body.contains("text_stats"), "{body}");
+    let args = br#"{"arguments": {"text": "still here"}}"#;
+    let (status, body) = http(addr, "POST", "/v1/tools/text_stats/call", &key, args);
+    assert!(status == 200 && body.contains("\"words\":2"), "{body}");
+
+    let stopping = Instant::now();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&server),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    while server.try_wait().unwrap().is_none() {
+        if stopping.elapsed() > Duration::from_secs(15) {
+            server.kill().unwrap();
+            panic!("serve on a failed disk did not stop within 15 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

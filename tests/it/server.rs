@@ -994,3 +994,71 @@ async fn mcp_refuses_requests_from_other_origins() {
         assert_ne!(response.status(), StatusCode::FORBIDDEN, "{passes:?}");
     }
 }
+
+/// Each MCP session holds memory until it ends (20,000 once took 1.1 GiB): a tenant may open
+/// only its share, the server only so many, and a session ended by its client frees its place.
+#[tokio::test]
+async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
+    let api = api();
+    let options = toolhost_server::ServerOptions {
+        mcp_sessions: toolhost_server::sessions::SessionLimits {
+            max_sessions: 3,
+            max_per_tenant: 2,
+            idle: Duration::from_secs(60),
+        },
+        ..Default::default()
+    };
+    let router = router(api.host.clone(), options);
+    let mcp = |method: &str, key: &str, session: Option<&str>, body: Value| {
+        let mut request = Request::builder()
+            .method(method)
+            .uri("/mcp")
+            .header("host", "127.0.0.1:8080")
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18");
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        let request = request.body(Body::from(body.to_string())).unwrap();
+        tower::ServiceExt::oneshot(router.clone(), request)
+    };
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "cap-test", "version": "1"}}});
+    let open = |key: &str| {
+        let response = mcp("POST", key, None, initialize.clone());
+        async move {
+            let response = response.await.unwrap();
+            let status = response.status();
+            let session = response
+                .headers()
+                .get("mcp-session-id")
+                .map(|id| id.to_str().unwrap().to_owned());
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, session, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let (status, first, body) = open(&api.acme).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let first = first.expect("an initialize names its session");
+    assert_eq!(open(&api.acme).await.0, StatusCode::OK);
+    let (status, _, body) = open(&api.acme).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(body.contains("too_many_mcp_sessions"), "{body}");
+    // Another tenant still gets its own, until the server is full.
+    assert_eq!(open(&api.globex).await.0, StatusCode::OK);
+    let (status, _, body) = open(&api.globex).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("mcp_sessions_full"), "{body}");
+    // Open sessions keep working; ending one frees its place.
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+    let response = mcp("POST", &api.acme, Some(&first), ping).await.unwrap();
+    assert!(response.status().is_success(), "{}", response.status());
+    let ended = mcp("DELETE", &api.acme, Some(&first), json!(null))
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), StatusCode::NO_CONTENT);
+    assert_eq!(open(&api.acme).await.0, StatusCode::OK);
+}

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use serde_json::Value;
 use toolhost::{Caller, Host, HostConfig, OpenError, Source, StoreError};
 use toolhost_server::admin::{AdminCommand, AdminReply};
+use toolhost_server::sessions::SessionLimits;
 
 #[derive(Parser)]
 #[command(
@@ -95,6 +96,15 @@ enum Command {
         /// the server's own; repeat or comma-separate for more. Others get 403.
         #[arg(long, env = "TOOLHOST_ALLOW_ORIGIN", value_delimiter = ',')]
         allow_origin: Vec<String>,
+        /// MCP sessions open at once, over all tenants; more get 503.
+        #[arg(long, default_value_t = SessionLimits::default().max_sessions)]
+        mcp_max_sessions: usize,
+        /// MCP sessions one tenant may have open at once; more get 429.
+        #[arg(long, default_value_t = SessionLimits::default().max_per_tenant)]
+        mcp_max_sessions_per_tenant: usize,
+        /// Seconds after which an MCP session with no request is closed.
+        #[arg(long, default_value_t = SessionLimits::default().idle.as_secs())]
+        mcp_session_idle_secs: u64,
         #[command(flatten)]
         disclosure: DisclosureArgs,
     },
@@ -482,12 +492,20 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Serve {
             listen,
             allow_origin,
+            mcp_max_sessions,
+            mcp_max_sessions_per_tenant,
+            mcp_session_idle_secs,
             disclosure,
         } => {
             // The search model loads (or fails) before the port opens.
             let options = toolhost_server::server::ServerOptions {
                 disclosure: disclosure.config()?,
                 allowed_origins: allow_origin,
+                mcp_sessions: SessionLimits {
+                    max_sessions: mcp_max_sessions,
+                    max_per_tenant: mcp_max_sessions_per_tenant,
+                    idle: std::time::Duration::from_secs(mcp_session_idle_secs),
+                },
                 ..Default::default()
             };
             let listener = tokio::net::TcpListener::bind(listen)

@@ -293,8 +293,16 @@ impl Host {
         self.pipeline.add_hook(hook)
     }
 
-    /// Counters for an operator (`/metrics`).
+    /// Counters for an operator (`/metrics`); `toolhost_storage_up` is refreshed here.
     pub fn metrics(&self) -> &Metrics {
-        &self.pipeline.metrics
+        let metrics = &self.pipeline.metrics;
+        metrics.storage_up(self.storage_health().is_ok());
+        metrics
+    }
+
+    /// Whether the store's writes reach its disk; if not, the reason. Listing, describing and
+    /// calls that write nothing are served either way.
+    pub fn storage_health(&self) -> Result<(), String> {
+        self.pipeline.store.health()
     }
 }

@@ -46,6 +46,7 @@ pub struct Metrics {
     duration: Histogram,
     retries: Counter,
     instances_live: Gauge,
+    storage_up: Gauge,
     component_loads: Family<Source, Counter>,
     registry: Registry,
 }
@@ -57,6 +58,7 @@ impl Default for Metrics {
             duration: Histogram::new(BUCKETS),
             retries: Counter::default(),
             instances_live: Gauge::default(),
+            storage_up: Gauge::default(),
             component_loads: Family::default(),
             registry: Registry::default(),
         };
@@ -67,6 +69,7 @@ impl Default for Metrics {
                 .get_or_create(&Source { source })
                 .inc_by(0);
         }
+        metrics.storage_up.set(1);
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         metrics.registry = registry;
@@ -103,6 +106,11 @@ impl Metrics {
             self.instances_live.clone(),
         );
         registry.register(
+            "toolhost_storage_up",
+            "1 while the store's writes reach its disk, 0 after a write failed (full, read-only or failing disk)",
+            self.storage_up.clone(),
+        );
+        registry.register(
             "toolhost_component_loads",
             "Where calls found their compiled component: memory and artifact are compile cache hits",
             self.component_loads.clone(),
@@ -114,6 +122,11 @@ impl Metrics {
         self.calls.get_or_create(&Outcome { outcome }).inc();
         self.duration.observe(duration.as_secs_f64());
         self.retries.inc_by(u64::from(retries));
+    }
+
+    /// Sets `toolhost_storage_up`.
+    pub fn storage_up(&self, up: bool) {
+        self.storage_up.set(i64::from(up));
     }
 
     /// Counts an instance as live until the guard drops.

@@ -10,5 +10,6 @@ pub mod bridges;
 pub mod listener;
 pub mod mcp;
 pub mod server;
+pub mod sessions;
 
 pub use server::{ServerOptions, router, serve};

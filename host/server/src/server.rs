@@ -20,7 +20,6 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
@@ -29,12 +28,13 @@ use toolhost::http_tool::HttpToolDef;
 use toolhost::sandbox::LoadError;
 use toolhost::{
     Access, ApprovalError, CallError, CallOutcome, Caller, Host, InstallError, KeyRecord,
-    ManageError,
+    ManageError, StoreError,
 };
 
 use crate::bridges::{Disclosure, DisclosureConfig};
 use crate::listener::{ConnectionLimits, serve_connections};
 use crate::mcp::{McpServer, McpTenant};
+use crate::sessions::{Refused, SessionLimits, Sessions};
 
 /// Every request but an upload.
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
@@ -47,6 +47,7 @@ const OPENAPI: &str = include_str!("openapi.json");
 struct App {
     host: Arc<Host>,
     allowed_origins: Arc<[String]>,
+    sessions: Arc<Sessions>,
 }
 
 /// How the server presents tools to agents.
@@ -58,6 +59,8 @@ pub struct ServerOptions {
     pub connections: ConnectionLimits,
     /// Origins (`scheme://host[:port]`) whose pages may call `/mcp`, beside the server's own.
     pub allowed_origins: Vec<String>,
+    /// Caps on MCP sessions, and when an idle one is closed.
+    pub mcp_sessions: SessionLimits,
 }
 
 /// The API's routes over `host`, MCP included.
@@ -72,6 +75,7 @@ fn router_with_shutdown(
     stop: CancellationToken,
 ) -> Router {
     let max_upload = host.max_component_bytes() + MULTIPART_OVERHEAD;
+    let sessions = Arc::new(Sessions::new(options.mcp_sessions));
     let mcp = {
         let host = host.clone();
         let disclosure = Arc::new(Disclosure::new(host.clone(), options.disclosure));
@@ -80,13 +84,14 @@ fn router_with_shutdown(
             .with_max_request_body_bytes(MAX_REQUEST_BYTES);
         StreamableHttpService::new(
             move || Ok(McpServer::http(host.clone(), disclosure.clone())),
-            LocalSessionManager::default().into(),
+            sessions.manager(),
             config,
         )
     };
     let app = App {
         host,
         allowed_origins: options.allowed_origins.into(),
+        sessions,
     };
     let mcp = Router::new()
         .nest_service("/mcp", mcp)
@@ -96,7 +101,7 @@ fn router_with_shutdown(
         ));
     Router::new()
         .merge(mcp)
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
         .route(
             "/v1/tools",
@@ -141,17 +146,64 @@ async fn mcp_tenant(
     };
     match tenant {
         Ok(tenant) => {
+            let session = parts
+                .headers
+                .get(MCP_SESSION_ID)
+                .and_then(|id| id.to_str().ok())
+                .map(str::to_owned);
+            // A POST without a session is an `initialize`: it must fit under the caps.
+            let opening = match (&session, &parts.method) {
+                (None, &axum::http::Method::POST) => match app.sessions.admit(&tenant).await {
+                    Ok(opening) => Some(opening),
+                    Err(refused) => return sessions_refused(refused).into_response(),
+                },
+                (Some(id), _) => {
+                    app.sessions.seen(id);
+                    None
+                }
+                _ => None,
+            };
             parts.extensions.insert(McpTenant(tenant));
             let terminating = parts.method == axum::http::Method::DELETE;
             let mut response = next.run(Request::from_parts(parts, body)).await;
-            // A session ended: rmcp says 202, and clients (the Python SDK) expect 200 or
-            // 204 and log anything else as a failed termination.
-            if terminating && response.status() == StatusCode::ACCEPTED {
-                *response.status_mut() = StatusCode::NO_CONTENT;
+            if let Some(opening) = opening
+                && let Some(id) = response.headers().get(MCP_SESSION_ID)
+                && let Ok(id) = id.to_str()
+            {
+                opening.opened(id);
+            }
+            if terminating && response.status().is_success() {
+                if let Some(id) = &session {
+                    app.sessions.ended(id);
+                }
+                // rmcp says 202, and clients (the Python SDK) expect 200 or 204 and log
+                // anything else as a failed termination.
+                if response.status() == StatusCode::ACCEPTED {
+                    *response.status_mut() = StatusCode::NO_CONTENT;
+                }
             }
             response
         }
         Err(error) => error.into_response(),
+    }
+}
+
+const MCP_SESSION_ID: &str = "mcp-session-id";
+
+fn sessions_refused(refused: Refused) -> ApiError {
+    match refused {
+        Refused::Host(limit) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "mcp_sessions_full",
+            format!("the server has {limit} MCP sessions open, its limit; retry later"),
+        ),
+        Refused::Tenant(limit) => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_mcp_sessions",
+            format!(
+                "this tenant has {limit} MCP sessions open, its limit: end one (DELETE /mcp) or let idle ones expire"
+            ),
+        ),
     }
 }
 
@@ -222,6 +274,19 @@ impl ApiError {
         )
     }
 
+    /// The disk refused a write (full, read-only, failing): the operator's to fix, and worth a
+    /// retry later. Anything else from the store is the host's fault.
+    fn storage(error: &StoreError) -> Self {
+        match error {
+            StoreError::Backend(reason) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage_unavailable",
+                format!("the host cannot write to its storage: {reason}"),
+            ),
+            other => Self::internal(other),
+        }
+    }
+
     fn not_found(name: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
@@ -258,7 +323,7 @@ impl From<InstallError> for ApiError {
             | InstallError::CaseConflict { .. } => (StatusCode::CONFLICT, "name_conflict"),
             InstallError::Tenant(_) => (StatusCode::BAD_REQUEST, "invalid_tenant"),
             InstallError::Admission { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
-            InstallError::Store(_) => return Self::internal(error),
+            InstallError::Store(store) => return Self::storage(store),
         };
         Self::new(status, code, error.to_string())
     }
@@ -271,7 +336,8 @@ impl From<ManageError> for ApiError {
             ManageError::NoSuchVersion { .. } | ManageError::NoEarlierVersion(_) => {
                 (StatusCode::CONFLICT, "no_such_version")
             }
-            ManageError::Store(_) | ManageError::Random(_) => return Self::internal(error),
+            ManageError::Store(store) => return Self::storage(store),
+            ManageError::Random(_) => return Self::internal(error),
             _ => (StatusCode::BAD_REQUEST, "bad_request"),
         };
         Self::new(status, code, error.to_string())
@@ -635,8 +701,22 @@ async fn reject(
 
 fn approval_error(error: ApprovalError) -> ApiError {
     match error {
-        ApprovalError::Store(_) => ApiError::internal(error),
+        ApprovalError::Store(store) => ApiError::storage(&store),
         _ => ApiError::new(StatusCode::NOT_FOUND, "not_pending", error.to_string()),
+    }
+}
+
+/// Liveness for a load balancer: 200 `ok`, or 503 when the store cannot write (reads and
+/// calls that write nothing are still served).
+async fn healthz(State(app): State<App>) -> Response {
+    match app.host.storage_health() {
+        Ok(()) => "ok".into_response(),
+        Err(reason) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_unavailable",
+            format!("the host cannot write to its storage: {reason}"),
+        )
+        .into_response(),
     }
 }
 

@@ -1,0 +1,208 @@
+//! Bounds on MCP sessions. Each session holds memory until it ends (20,000 took 1.1 GiB), so
+//! there is a cap in all and one per tenant, and a session unused for `idle` is closed. A
+//! refused `initialize` is a clear error; a client whose session was closed gets 404 and
+//! starts a new one, as the protocol says.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::transport::streamable_http_server::SessionManager;
+use rmcp::transport::streamable_http_server::session::SessionId;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use tokio::time::Instant;
+
+/// Bounds on MCP sessions over HTTP.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    /// Sessions open at once, over all tenants.
+    pub max_sessions: usize,
+    /// Sessions one tenant may have open at once.
+    pub max_per_tenant: usize,
+    /// A session with no request for this long is closed.
+    pub idle: Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            max_sessions: 4096,
+            max_per_tenant: 256,
+            idle: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Why a new session was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The host holds [`SessionLimits::max_sessions`].
+    Host(usize),
+    /// The tenant holds [`SessionLimits::max_per_tenant`].
+    Tenant(usize),
+}
+
+struct Session {
+    tenant: Arc<str>,
+    last_seen: Instant,
+}
+
+#[derive(Default)]
+struct Open {
+    sessions: HashMap<SessionId, Session>,
+    /// `initialize` requests admitted and not yet answered, in all and by tenant.
+    opening: usize,
+    opening_by_tenant: HashMap<Arc<str>, usize>,
+}
+
+/// The sessions rmcp serves, counted by tenant.
+pub(crate) struct Sessions {
+    manager: Arc<LocalSessionManager>,
+    limits: SessionLimits,
+    open: Mutex<Open>,
+}
+
+/// A place held for one `initialize` until its answer names the session (or it fails).
+pub(crate) struct Opening<'a> {
+    sessions: &'a Sessions,
+    tenant: Arc<str>,
+}
+
+impl Sessions {
+    pub(crate) fn new(limits: SessionLimits) -> Self {
+        let mut manager = LocalSessionManager::default();
+        // rmcp's own idle timeout ends the session's worker; ours also forgets its handle.
+        manager.session_config.keep_alive = Some(limits.idle);
+        Sessions {
+            manager: Arc::new(manager),
+            limits,
+            open: Mutex::new(Open::default()),
+        }
+    }
+
+    pub(crate) fn manager(&self) -> Arc<LocalSessionManager> {
+        self.manager.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds a place for a new session of `tenant`, after closing the idle ones.
+    pub(crate) async fn admit(&self, tenant: &str) -> Result<Opening<'_>, Refused> {
+        let idle: Vec<SessionId> = {
+            let mut open = self.lock();
+            let now = Instant::now();
+            let idle: Vec<SessionId> = open
+                .sessions
+                .iter()
+                .filter(|(_, s)| now.duration_since(s.last_seen) >= self.limits.idle)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &idle {
+                open.sessions.remove(id);
+            }
+            idle
+        };
+        for id in idle {
+            // Already gone (ended by the client or by rmcp) is fine.
+            let _ = self.manager.close_session(&id).await;
+        }
+        let mut open = self.lock();
+        let tenant: Arc<str> = tenant.into();
+        if open.sessions.len() + open.opening >= self.limits.max_sessions {
+            return Err(Refused::Host(self.limits.max_sessions));
+        }
+        let of_tenant = open
+            .sessions
+            .values()
+            .filter(|s| s.tenant == tenant)
+            .count()
+            + open.opening_by_tenant.get(&tenant).copied().unwrap_or(0);
+        if of_tenant >= self.limits.max_per_tenant {
+            return Err(Refused::Tenant(self.limits.max_per_tenant));
+        }
+        open.opening += 1;
+        *open.opening_by_tenant.entry(tenant.clone()).or_default() += 1;
+        Ok(Opening {
+            sessions: self,
+            tenant,
+        })
+    }
+
+    /// A request of session `id`: it is not idle.
+    pub(crate) fn seen(&self, id: &str) {
+        if let Some(session) = self.lock().sessions.get_mut(id) {
+            session.last_seen = Instant::now();
+        }
+    }
+
+    /// Session `id` ended at the client's request.
+    pub(crate) fn ended(&self, id: &str) {
+        self.lock().sessions.remove(id);
+    }
+}
+
+impl Opening<'_> {
+    /// The answer named the new session `id`.
+    pub(crate) fn opened(self, id: &str) {
+        let session = Session {
+            tenant: self.tenant.clone(),
+            last_seen: Instant::now(),
+        };
+        self.sessions.lock().sessions.insert(id.into(), session);
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        let mut open = self.sessions.lock();
+        open.opening -= 1;
+        if let Some(n) = open.opening_by_tenant.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                open.opening_by_tenant.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_sessions: usize, max_per_tenant: usize) -> SessionLimits {
+        SessionLimits {
+            max_sessions,
+            max_per_tenant,
+            idle: Duration::from_secs(60),
+        }
+    }
+
+    #[tokio::test]
+    async fn caps_hold_per_tenant_and_in_all_counting_sessions_being_opened() {
+        let sessions = Sessions::new(limits(3, 2));
+        let a1 = sessions.admit("a").await.unwrap();
+        let a2 = sessions.admit("a").await.unwrap();
+        assert_eq!(sessions.admit("a").await.err(), Some(Refused::Tenant(2)));
+        a1.opened("s1");
+        drop(a2); // its initialize failed: the place is free again
+        sessions.admit("a").await.unwrap().opened("s2");
+        sessions.admit("b").await.unwrap().opened("s3");
+        assert_eq!(sessions.admit("c").await.err(), Some(Refused::Host(3)));
+        sessions.ended("s1");
+        sessions.admit("c").await.unwrap().opened("s4");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_sessions_are_closed_and_free_their_place() {
+        let sessions = Sessions::new(limits(1, 1));
+        sessions.admit("a").await.unwrap().opened("s1");
+        tokio::time::advance(Duration::from_secs(59)).await;
+        sessions.seen("s1");
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert_eq!(sessions.admit("b").await.err(), Some(Refused::Host(1)));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        sessions.admit("b").await.unwrap();
+    }
+}
