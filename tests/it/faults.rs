@@ -216,6 +216,12 @@ fn a_server_on_a_full_disk_refuses_writes_clearly_and_serves_reads() {
     let args = br#"{"arguments": {"text": "still here"}}"#;
     let (status, body) = http(addr, "POST", "/v1/tools/text_stats/call", &key, args);
     assert!(status == 200 && body.contains("\"words\":2"), "{body}");
+    // Space comes back: this process takes no more writes (sled could wait forever on
+    // one), and says so at once; a restart recovers.
+    disk.resize("20m");
+    let (status, body) = http(addr, "POST", "/v1/tools", &key, &json_query);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("restart it once the disk is fixed"), "{body}");
 
     let stopping = Instant::now();
     rustix::process::kill_process(

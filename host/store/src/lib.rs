@@ -267,8 +267,7 @@ pub trait Store: Send + Sync {
     /// Not flushed: a vector lost in a crash is encoded again.
     fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()>;
 
-    /// Whether writes reach the disk: the reason of the last failed write, until a write
-    /// succeeds again. Reads from memory go on either way.
+    /// Whether writes reach the disk; if one failed, why. Reads from memory go on either way.
     fn health(&self) -> std::result::Result<(), String> {
         Ok(())
     }
@@ -313,7 +312,7 @@ pub struct SledStore {
     secrets_key: Option<SecretsKey>,
     /// Held for the life of the store: one process per data directory.
     _lock: Option<std::fs::File>,
-    /// Why the last write failed, until one succeeds.
+    /// Why a write failed, if one did: the store takes no more writes.
     failing: std::sync::Mutex<Option<String>>,
 }
 
@@ -414,23 +413,28 @@ impl SledStore {
 
     /// Every acknowledged write is flushed.
     fn flush(&self) -> Result<()> {
-        self.wrote(self.sled.db.flush()).map(drop)
+        self.wrote(|| self.sled.db.flush()).map(drop)
     }
 
-    /// A write's result: a failure marks the store unhealthy, a success healthy again.
-    fn wrote<T>(&self, result: sled::Result<T>) -> Result<T> {
-        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
-        match result {
-            Ok(value) => {
-                *failing = None;
-                Ok(value)
-            }
-            Err(error) => {
-                tracing::error!(%error, "the store cannot write to its disk");
-                *failing = Some(error.to_string());
-                Err(error.into())
-            }
+    /// Runs a write, unless one failed before: after an I/O error sled may wait forever on
+    /// its next write, so the first failure is final for this process (a restart recovers,
+    /// with every acknowledged write).
+    fn wrote<T>(&self, write: impl FnOnce() -> sled::Result<T>) -> Result<T> {
+        let failed = self
+            .failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(reason) = failed {
+            return Err(StoreError::Backend(format!(
+                "{reason} (earlier; this process takes no more writes: restart it once the disk is fixed)"
+            )));
         }
+        write().map_err(|error| {
+            tracing::error!(%error, "the store cannot write to its disk");
+            *self.failing.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
+            error.into()
+        })
     }
 }
 
@@ -508,13 +512,13 @@ impl Store for SledStore {
             let value = serde_json::to_vec(entry).expect("an entry serializes");
             batch.insert(key(&[&entry.tenant, &entry.name]), value);
         }
-        self.wrote(self.sled.tools.apply_batch(batch))?;
+        self.wrote(|| self.sled.tools.apply_batch(batch))?;
         self.flush()
     }
 
     fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool> {
         let removed = self
-            .wrote(self.sled.tools.remove(key(&[tenant, name])))?
+            .wrote(|| self.sled.tools.remove(key(&[tenant, name])))?
             .is_some();
         self.flush()?;
         Ok(removed)
@@ -525,7 +529,7 @@ impl Store for SledStore {
     }
 
     fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
-        self.wrote(self.sled.blobs.insert(sha, bytes))?;
+        self.wrote(|| self.sled.blobs.insert(sha, bytes))?;
         self.flush()
     }
 
@@ -536,7 +540,7 @@ impl Store for SledStore {
         fingerprint: &str,
         artifact: &[u8],
     ) -> Result<()> {
-        self.wrote(self.sled.blobs.insert(sha, bytes))?;
+        self.wrote(|| self.sled.blobs.insert(sha, bytes))?;
         self.put_artifact(sha, fingerprint, artifact)
     }
 
@@ -552,17 +556,17 @@ impl Store for SledStore {
             component = sha,
             "compiled artifact failed its checksum; recompiling"
         );
-        self.wrote(self.sled.artifacts.remove(&key))?;
+        self.wrote(|| self.sled.artifacts.remove(&key))?;
         Ok(None)
     }
 
     fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()> {
         let stored = [&Sha256::digest(artifact)[..], artifact].concat();
-        self.wrote(
+        self.wrote(|| {
             self.sled
                 .artifacts
-                .insert(format!("{sha}:{fingerprint}"), stored),
-        )?;
+                .insert(format!("{sha}:{fingerprint}"), stored)
+        })?;
         self.flush()
     }
 
@@ -573,7 +577,7 @@ impl Store for SledStore {
         let (expiry, json) = stored.split_at(8.min(stored.len()));
         let expires_at_ms = u64::from_be_bytes(expiry.try_into().unwrap_or([0; 8]));
         if expires_at_ms <= now_ms {
-            self.wrote(self.sled.cache.remove(key))?;
+            self.wrote(|| self.sled.cache.remove(key))?;
             return Ok(None);
         }
         // A damaged entry is a miss, not an error: the tool can always run again.
@@ -582,11 +586,11 @@ impl Store for SledStore {
 
     fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()> {
         let json = serde_json::to_vec(value).expect("a Value serializes");
-        self.wrote(
+        self.wrote(|| {
             self.sled
                 .cache
-                .insert(key, [&expires_at_ms.to_be_bytes()[..], &json].concat()),
-        )?;
+                .insert(key, [&expires_at_ms.to_be_bytes()[..], &json].concat())
+        })?;
         Ok(())
     }
 
@@ -596,7 +600,7 @@ impl Store for SledStore {
             let (key, stored) = entry?;
             let expiry = stored.get(..8).and_then(|b| b.try_into().ok());
             if expiry.map_or(0, u64::from_be_bytes) <= now_ms {
-                self.wrote(self.sled.cache.remove(key))?;
+                self.wrote(|| self.sled.cache.remove(key))?;
                 purged += 1;
             }
         }
@@ -612,13 +616,13 @@ impl Store for SledStore {
     }
 
     fn kv_set(&self, tenant: &str, tool: &str, k: &str, value: &[u8]) -> Result<()> {
-        self.wrote(self.sled.kv.insert(key(&[tenant, tool, k]), value))?;
+        self.wrote(|| self.sled.kv.insert(key(&[tenant, tool, k]), value))?;
         self.flush()
     }
 
     fn kv_delete(&self, tenant: &str, tool: &str, k: &str) -> Result<bool> {
         let removed = self
-            .wrote(self.sled.kv.remove(key(&[tenant, tool, k])))?
+            .wrote(|| self.sled.kv.remove(key(&[tenant, tool, k])))?
             .is_some();
         self.flush()?;
         Ok(removed)
@@ -653,13 +657,13 @@ impl Store for SledStore {
             _ => value,
         };
         let json = serde_json::to_vec(value).expect("a config value serializes");
-        self.wrote(self.sled.config.insert(key(&[tenant, k]), json))?;
+        self.wrote(|| self.sled.config.insert(key(&[tenant, k]), json))?;
         self.flush()
     }
 
     fn config_delete(&self, tenant: &str, k: &str) -> Result<bool> {
         let removed = self
-            .wrote(self.sled.config.remove(key(&[tenant, k])))?
+            .wrote(|| self.sled.config.remove(key(&[tenant, k])))?
             .is_some();
         self.flush()?;
         Ok(removed)
@@ -683,18 +687,20 @@ impl Store for SledStore {
 
     fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()> {
         let json = serde_json::to_vec(policy).expect("a policy serializes");
-        self.wrote(self.sled.policies.insert(tenant, json))?;
+        self.wrote(|| self.sled.policies.insert(tenant, json))?;
         self.flush()
     }
 
     fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()> {
         let json = serde_json::to_vec(held).expect("a held call serializes");
-        self.wrote(self.sled.held_calls.insert(call_id, json))?;
+        self.wrote(|| self.sled.held_calls.insert(call_id, json))?;
         self.flush()
     }
 
     fn held_call_remove(&self, call_id: &str) -> Result<bool> {
-        let removed = self.wrote(self.sled.held_calls.remove(call_id))?.is_some();
+        let removed = self
+            .wrote(|| self.sled.held_calls.remove(call_id))?
+            .is_some();
         self.flush()?;
         Ok(removed)
     }
@@ -728,17 +734,19 @@ impl Store for SledStore {
     }
 
     fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
-        self.wrote(self.sled.search_vectors.insert(key, vector))?;
+        self.wrote(|| self.sled.search_vectors.insert(key, vector))?;
         Ok(())
     }
 
     fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
         let created = self
-            .wrote(self.sled.tenants.compare_and_swap(
-                tenant,
-                None as Option<&[u8]>,
-                Some(&created_at_ms.to_be_bytes()[..]),
-            ))?
+            .wrote(|| {
+                self.sled.tenants.compare_and_swap(
+                    tenant,
+                    None as Option<&[u8]>,
+                    Some(&created_at_ms.to_be_bytes()[..]),
+                )
+            })?
             .is_ok();
         self.flush()?;
         Ok(created)
@@ -755,7 +763,7 @@ impl Store for SledStore {
 
     fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()> {
         let json = serde_json::to_vec(record).expect("a key record serializes");
-        self.wrote(self.sled.keys.insert(key_hash, json))?;
+        self.wrote(|| self.sled.keys.insert(key_hash, json))?;
         self.flush()
     }
 
@@ -781,7 +789,7 @@ impl Store for SledStore {
             let record: KeyRecord =
                 serde_json::from_slice(&value).map_err(|e| corrupt(&hash, e))?;
             if record.id == id {
-                self.wrote(self.sled.keys.remove(hash))?;
+                self.wrote(|| self.sled.keys.remove(hash))?;
                 revoked = true;
             }
         }
