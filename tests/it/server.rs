@@ -1062,3 +1062,67 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
     assert_eq!(ended.status(), StatusCode::NO_CONTENT);
     assert_eq!(open(&api.acme).await.0, StatusCode::OK);
 }
+
+/// Every keyed route of the OpenAPI document against every role: a route answers 403
+/// `forbidden` exactly when the role lacks the access the route needs. A route added to the
+/// document without an entry here fails the test, so the table stays complete.
+#[tokio::test]
+async fn every_keyed_route_checks_the_role_it_needs() {
+    use toolhost::{Access, Role};
+    let api = api();
+    let needs: std::collections::BTreeMap<(&str, &str), Access> = [
+        (("GET", "/v1/tools"), Access::Read),
+        (("POST", "/v1/tools"), Access::Manage),
+        (("GET", "/v1/tools/{name}"), Access::Read),
+        (("DELETE", "/v1/tools/{name}"), Access::Manage),
+        (("GET", "/v1/tools/{name}/versions"), Access::Manage),
+        (("POST", "/v1/tools/{name}/rollback"), Access::Manage),
+        (("POST", "/v1/tools/{name}/call"), Access::Call),
+        (("GET", "/v1/export"), Access::Read),
+        (("GET", "/v1/policy"), Access::Manage),
+        (("GET", "/v1/approvals"), Access::Decide),
+        (("POST", "/v1/approvals/{call_id}/approve"), Access::Decide),
+        (("POST", "/v1/approvals/{call_id}/reject"), Access::Decide),
+    ]
+    .into_iter()
+    .collect();
+    let (_, document) = send(&api, "GET", "/openapi.json", None, "", vec![]).await;
+    let mut keyed = Vec::new();
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        for (method, operation) in operations.as_object().unwrap() {
+            if operation["security"][0].get("apiKey").is_some() {
+                keyed.push((method.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    let listed: Vec<(String, String)> = needs
+        .keys()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    keyed.sort();
+    let mut expected = listed.clone();
+    expected.sort();
+    assert_eq!(keyed, expected, "the table must cover every keyed route");
+
+    for role in [Role::Agent, Role::Developer, Role::Approver, Role::Admin] {
+        let key = api.host.create_key("acme", role).unwrap().secret;
+        for ((method, path), access) in &needs {
+            let uri = path.replace("{name}", "nothing").replace("{call_id}", "c1");
+            let (status, body) = send(
+                &api,
+                method,
+                &uri,
+                Some(&key),
+                "application/json",
+                b"{}".to_vec(),
+            )
+            .await;
+            let forbidden = status == StatusCode::FORBIDDEN && error_code(&body) == "forbidden";
+            assert_eq!(
+                forbidden,
+                !role.may(*access),
+                "{role:?} {method} {path}: {status} {body}"
+            );
+        }
+    }
+}
