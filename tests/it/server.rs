@@ -1126,3 +1126,69 @@ async fn every_keyed_route_checks_the_role_it_needs() {
         }
     }
 }
+
+/// A `tools/call` whose params are malformed is JSON-RPC's -32602 (invalid params), naming
+/// what is wrong; rmcp alone answered -32601 (method not found). A well-formed call still
+/// reaches the tool.
+#[tokio::test]
+async fn malformed_tools_call_params_are_invalid_params() {
+    let api = api();
+    api.host
+        .install("acme", crate::plugins::plugin("text_stats"))
+        .await
+        .unwrap();
+    let router = router(api.host.clone(), Default::default());
+    let mcp = |session: Option<&str>, body: Value| {
+        let mut request = Request::builder()
+            .method("POST")
+            .uri("/mcp")
+            .header("host", "127.0.0.1:8080")
+            .header("authorization", format!("Bearer {}", api.acme))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-06-18");
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        let request = request.body(Body::from(body.to_string())).unwrap();
+        let router = router.clone();
+        async move {
+            let response = tower::ServiceExt::oneshot(router, request).await.unwrap();
+            let session = response
+                .headers()
+                .get("mcp-session-id")
+                .map(|id| id.to_str().unwrap().to_owned());
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (session, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "params-test", "version": "1"}}});
+    let session = mcp(None, initialize).await.0.unwrap();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    mcp(Some(&session), initialized).await;
+    for (params, says) in [
+        (json!({"name": 5}), "invalid type"),
+        (json!({"arguments": {}}), "missing field `name`"),
+        (
+            json!({"name": "text_stats", "arguments": [1]}),
+            "invalid type",
+        ),
+    ] {
+        let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params});
+        let (_, body) = mcp(Some(&session), call).await;
+        let reply: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
+        assert_eq!(reply["id"], 7, "{body}");
+        assert_eq!(reply["error"]["code"], -32602, "{body}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    let call = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
+                      "params": {"name": "text_stats", "arguments": {"text": "a b"}}});
+    let (_, body) = mcp(Some(&session), call).await;
+    assert!(
+        body.contains(r#"\"words\": 2"#) || body.contains(r#"\"words\":2"#),
+        "{body}"
+    );
+}

@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{
     DefaultBodyLimit, FromRequest, FromRequestParts, Multipart, Path, Query, Request, State,
 };
@@ -165,6 +165,24 @@ async fn mcp_tenant(
             };
             parts.extensions.insert(McpTenant(tenant));
             let terminating = parts.method == axum::http::Method::DELETE;
+            let body = if parts.method == axum::http::Method::POST {
+                match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
+                    Ok(bytes) => match invalid_params(&bytes) {
+                        Some(refusal) => return refusal,
+                        None => Body::from(bytes),
+                    },
+                    Err(_) => {
+                        return ApiError::new(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            "too_large",
+                            format!("an MCP message is at most {MAX_REQUEST_BYTES} bytes"),
+                        )
+                        .into_response();
+                    }
+                }
+            } else {
+                body
+            };
             let mut response = next.run(Request::from_parts(parts, body)).await;
             if let Some(opening) = opening
                 && let Some(id) = response.headers().get(MCP_SESSION_ID)
@@ -189,6 +207,20 @@ async fn mcp_tenant(
 }
 
 const MCP_SESSION_ID: &str = "mcp-session-id";
+
+/// A `tools/call` whose params do not parse gets JSON-RPC's -32602 (invalid params), naming
+/// what is wrong. (rmcp cannot tell it from an unknown method and answers -32601.)
+fn invalid_params(message: &[u8]) -> Option<Response> {
+    let message: Value = serde_json::from_slice(message).ok()?;
+    if message.get("method")? != "tools/call" {
+        return None;
+    }
+    let params = message.get("params").cloned().unwrap_or(Value::Null);
+    let error = serde_json::from_value::<rmcp::model::CallToolRequestParams>(params).err()?;
+    let reply = json!({"jsonrpc": "2.0", "id": message.get("id").cloned().unwrap_or(Value::Null),
+        "error": {"code": -32602, "message": format!("invalid params for tools/call: {error}")}});
+    Some(Json(reply).into_response())
+}
 
 fn sessions_refused(refused: Refused) -> ApiError {
     match refused {
