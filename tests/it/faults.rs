@@ -237,3 +237,75 @@ fn a_server_on_a_full_disk_refuses_writes_clearly_and_serves_reads() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Runs the CLI with the wall clock at `at` (Debian's `faketime`); under CI its absence fails.
+fn toolhost_at(at: &str, data: &Path, args: &[&str]) -> Option<(Option<i32>, String)> {
+    let out = Command::new("faketime")
+        .arg(at)
+        .arg(env!("CARGO_BIN_EXE_toolhost"))
+        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .output();
+    match out {
+        Ok(out) => Some((
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )),
+        Err(e) if std::env::var_os("CI").is_some() => panic!("CI must have faketime: {e}"),
+        Err(e) => {
+            eprintln!("skipped: no faketime ({e})");
+            None
+        }
+    }
+}
+
+/// The wall clock jumps between processes, across a cached result's 60 s TTL: forwards, a
+/// result expires when it should; backwards, it does not expire early, and it still expires
+/// once its time is reached (it cannot live forever); nothing panics on a negative duration.
+#[test]
+fn clock_jumps_neither_expire_cached_results_early_nor_keep_them_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let probe = crate::plugins::plugins_dir().join("probe.wasm");
+    let (code, out, _) = toolhost(&data, &["tenant", "create", "acme"]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out, _) = toolhost(
+        &data,
+        &["--tenant", "acme", "install", probe.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    // `count_cached` counts its calls in KV; a cached answer repeats the count it cached.
+    let count_at = |at: &str| {
+        let args = [
+            "--tenant",
+            "acme",
+            "call",
+            "count_cached",
+            r#"{"key": "k"}"#,
+        ];
+        let (code, out) = toolhost_at(at, &data, &args)?;
+        assert_eq!(code, Some(0), "at {at}: {out}");
+        let count = out.lines().next().unwrap().trim().parse::<u64>();
+        Some(count.unwrap_or_else(|_| panic!("at {at}: {out}")))
+    };
+    let Some(first) = count_at("2030-01-01 00:00:00") else {
+        return;
+    };
+    assert_eq!(first, 1);
+    assert_eq!(count_at("2030-01-01 00:00:30"), Some(1), "within the TTL");
+    assert_eq!(
+        count_at("2029-12-31 23:00:00"),
+        Some(1),
+        "an hour back: not expired early"
+    );
+    assert_eq!(
+        count_at("2030-01-01 00:01:01"),
+        Some(2),
+        "past the TTL: run again"
+    );
+    assert_eq!(count_at("2031-06-01 00:00:00"), Some(3), "a year on");
+    assert_eq!(count_at("2031-06-01 00:00:10"), Some(3), "and cached again");
+}
