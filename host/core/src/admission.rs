@@ -12,13 +12,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use toolhost_spec::policy::TenantPolicy;
 
 /// Each tenant's share of the host: at most `per_tenant` call trees (a direct call and the
-/// calls it nests) run at once; its further calls wait in the tenant's own queue, first come
-/// first served, within their own timeout. One tenant's flood queues behind itself, never in
+/// calls it nests) run at once, times the weight its policy gives it; its further calls wait
+/// in the tenant's own queue, first come first served, within their own timeout. One tenant's flood queues behind itself, never in
 /// front of another tenant's calls, and with nesting at most `MAX_NESTING_DEPTH` deep it can
 /// never hold every instance slot.
 pub struct Shares {
     per_tenant: usize,
-    tenants: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Each tenant's queue, and the places it holds now.
+    tenants: Mutex<HashMap<String, (Arc<Semaphore>, usize)>>,
 }
 
 impl Shares {
@@ -29,14 +30,28 @@ impl Shares {
         }
     }
 
-    /// A place among the tenant's running call trees, or `None` if `deadline` passed first.
-    pub async fn enter(&self, tenant: &str, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+    /// A place among the tenant's running call trees (`weight` shares of them), or `None` if
+    /// `deadline` passed first.
+    pub async fn enter(
+        &self,
+        tenant: &str,
+        weight: u32,
+        deadline: Instant,
+    ) -> Option<OwnedSemaphorePermit> {
+        let places = self.per_tenant * weight.max(1) as usize;
         let queue = {
             let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
-            let queue = tenants.entry(tenant.to_owned());
-            queue
-                .or_insert_with(|| Arc::new(Semaphore::new(self.per_tenant)))
-                .clone()
+            let (queue, held) = tenants
+                .entry(tenant.to_owned())
+                .or_insert_with(|| (Arc::new(Semaphore::new(places)), places));
+            // A changed weight resizes the share; places in use are given up as they free.
+            if places > *held {
+                queue.add_permits(places - *held);
+                *held = places;
+            } else if places < *held {
+                *held -= queue.forget_permits(*held - places);
+            }
+            queue.clone()
         };
         let entered = tokio::time::timeout_at(deadline.into(), queue.acquire_owned()).await;
         // The semaphore is never closed.
@@ -141,20 +156,54 @@ mod tests {
     async fn a_tenant_over_its_share_waits_and_other_tenants_do_not() {
         let shares = Shares::new(2);
         let soon = || Instant::now() + std::time::Duration::from_millis(50);
-        let first = shares.enter("a", soon()).await.unwrap();
-        let _second = shares.enter("a", soon()).await.unwrap();
+        let first = shares.enter("a", 1, soon()).await.unwrap();
+        let _second = shares.enter("a", 1, soon()).await.unwrap();
         assert!(
-            shares.enter("a", soon()).await.is_none(),
+            shares.enter("a", 1, soon()).await.is_none(),
             "the third waits, then times out"
         );
         assert!(
-            shares.enter("b", soon()).await.is_some(),
+            shares.enter("b", 1, soon()).await.is_some(),
             "another tenant has its own"
         );
         drop(first);
         assert!(
-            shares.enter("a", soon()).await.is_some(),
+            shares.enter("a", 1, soon()).await.is_some(),
             "a place was freed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_policy_weight_resizes_the_tenant_share() {
+        let shares = Shares::new(2);
+        let soon = || Instant::now() + std::time::Duration::from_millis(50);
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(
+                shares
+                    .enter("a", 2, soon())
+                    .await
+                    .expect("weight 2: four places"),
+            );
+        }
+        assert!(
+            shares.enter("a", 2, soon()).await.is_none(),
+            "the fifth waits"
+        );
+        // Back to weight 1, two places: no new call enters while two of the four still run.
+        held.truncate(2);
+        assert!(
+            shares.enter("a", 1, soon()).await.is_none(),
+            "two still run"
+        );
+        held.truncate(1);
+        let _second = shares
+            .enter("a", 1, soon())
+            .await
+            .expect("one runs, one is free");
+        assert!(
+            shares.enter("a", 1, soon()).await.is_none(),
+            "both places are taken"
         );
     }
 

@@ -221,7 +221,10 @@ impl Pipeline {
             });
         } else if needs_approval {
             outcome.result = Err(self.hold(ctx, &spec.name, args.clone()));
-        } else if let Some((first, _place)) = self.enter_share(tool, ctx, budget, outcome).await {
+        } else if let Some((first, _place)) = self
+            .enter_share(tool, ctx, policy.share_weight, budget, outcome)
+            .await
+        {
             // `_place` holds the call tree's place in its tenant's share until the run ends.
             let call = (helpers, ctx, &*policy);
             self.run(tool, args.clone(), call, (first, budget), outcome)
@@ -239,6 +242,7 @@ impl Pipeline {
         &self,
         tool: &Resolved,
         ctx: &CallContext,
+        weight: Option<u32>,
         budget: Budget,
         outcome: &mut CallOutcome,
     ) -> Option<(Budget, Option<OwnedSemaphorePermit>)> {
@@ -248,7 +252,8 @@ impl Pipeline {
         let limits = &tool.spec().limits;
         let queued = Instant::now();
         let deadline = queued + limits.timeout();
-        let entered = self.shares.enter(&ctx.tenant, deadline).await;
+        let weight = weight.unwrap_or(1);
+        let entered = self.shares.enter(&ctx.tenant, weight, deadline).await;
         outcome.queued = queued.elapsed();
         let Some(place) = entered else {
             outcome.result = Err(CallError::Timeout {
@@ -278,15 +283,14 @@ impl Pipeline {
                     message: refused.message,
                 })?;
         let deadline = Instant::now() + Limits::default().timeout();
-        let place =
-            self.shares
-                .enter(tenant, deadline)
-                .await
-                .ok_or_else(|| InstallError::Admission {
-                    limit: "tenant_share",
-                    message: "the tenant's share of the host stayed busy for the whole timeout"
-                        .into(),
-                })?;
+        let place = self
+            .shares
+            .enter(tenant, policy.share_weight.unwrap_or(1), deadline)
+            .await
+            .ok_or_else(|| InstallError::Admission {
+                limit: "tenant_share",
+                message: "the tenant's share of the host stayed busy for the whole timeout".into(),
+            })?;
         Ok((permit, place))
     }
 

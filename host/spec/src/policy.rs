@@ -35,11 +35,18 @@ pub struct TenantPolicy {
     /// every pattern it matches; without one it has no network and no filesystem.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub grants: BTreeMap<String, Grants>,
+    /// The tenant's share of the host in multiples of the default share (the host's
+    /// `tenant_share` call trees running at once): 1 to [`MAX_SHARE_WEIGHT`]. Default 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share_weight: Option<u32>,
     /// Bytes the tenant's granted directories may hold. Checked when a call starts: a tenant
     /// at or over it gets its directories read-only. Default [`DEFAULT_FILES_QUOTA_BYTES`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub files_quota_bytes: Option<u64>,
 }
+
+/// The largest `share_weight`.
+pub const MAX_SHARE_WEIGHT: u32 = 8;
 
 /// The tenant's files quota when its policy sets none.
 pub const DEFAULT_FILES_QUOTA_BYTES: u64 = 100 << 20;
@@ -283,6 +290,14 @@ impl TenantPolicy {
                 return Err(PolicyError { field, rule });
             }
         }
+        if let Some(weight) = self.share_weight
+            && !(1..=MAX_SHARE_WEIGHT).contains(&weight)
+        {
+            return Err(PolicyError {
+                field: "share_weight",
+                rule: format!("must be 1 to {MAX_SHARE_WEIGHT}, got {weight}"),
+            });
+        }
         Ok(())
     }
 
@@ -355,6 +370,7 @@ mod tests {
             bad(serde_json::json!({"max_concurrent": 0})),
             "max_concurrent"
         );
+        assert_eq!(bad(serde_json::json!({"share_weight": 9})), "share_weight");
         assert!(
             policy(serde_json::json!({"deny": ["*"]}))
                 .validate()
