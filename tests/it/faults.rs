@@ -53,6 +53,11 @@ impl Drop for SmallDisk {
     }
 }
 
+/// The built component of the example or test plugin `name`.
+fn plugin_file(name: &str) -> PathBuf {
+    crate::plugins::plugins_dir().join(format!("{name}.wasm"))
+}
+
 /// Runs the CLI; one that has not ended within 30 s is killed, and says so.
 fn toolhost(data: &Path, args: &[&str]) -> (Option<i32>, String, Duration) {
     let started = Instant::now();
@@ -87,12 +92,11 @@ fn a_full_disk_fails_an_install_fast_and_clearly_and_loses_nothing() {
         return;
     };
     let data = disk.dir.join("data");
-    let plugin = |name: &str| crate::plugins::plugins_dir().join(format!("{name}.wasm"));
-    let text_stats = plugin("text_stats");
+    let text_stats = plugin_file("text_stats");
     let (code, out, _) = toolhost(&data, &["install", text_stats.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{out}");
 
-    let json_query = plugin("json_query");
+    let json_query = plugin_file("json_query");
     let (code, out, took) = toolhost(&data, &["install", json_query.to_str().unwrap()]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("No space left on device"), "{out}");
@@ -159,8 +163,7 @@ fn a_server_on_a_full_disk_refuses_writes_clearly_and_serves_reads() {
         return;
     };
     let data = disk.dir.join("data");
-    let plugin = |name: &str| crate::plugins::plugins_dir().join(format!("{name}.wasm"));
-    let text_stats = plugin("text_stats");
+    let text_stats = plugin_file("text_stats");
     for args in [
         &["tenant", "create", "acme"][..],
         &["--tenant", "acme", "install", text_stats.to_str().unwrap()],
@@ -198,7 +201,7 @@ fn a_server_on_a_full_disk_refuses_writes_clearly_and_serves_reads() {
     }
     assert_eq!(http(addr, "GET", "/healthz", &key, b"").0, 200);
 
-    let json_query = std::fs::read(plugin("json_query")).unwrap();
+    let json_query = std::fs::read(plugin_file("json_query")).unwrap();
     let (status, body) = http(addr, "POST", "/v1/tools", &key, &json_query);
     assert_eq!(status, 503, "{body}");
     assert!(
@@ -269,7 +272,7 @@ fn toolhost_at(at: &str, data: &Path, args: &[&str]) -> Option<(Option<i32>, Str
 fn clock_jumps_neither_expire_cached_results_early_nor_keep_them_forever() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let probe = crate::plugins::plugins_dir().join("probe.wasm");
+    let probe = plugin_file("probe");
     let (code, out, _) = toolhost(&data, &["tenant", "create", "acme"]);
     assert_eq!(code, Some(0), "{out}");
     let (code, out, _) = toolhost(

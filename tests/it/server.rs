@@ -1009,37 +1009,8 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
         ..Default::default()
     };
     let router = router(api.host.clone(), options);
-    let mcp = |method: &str, key: &str, session: Option<&str>, body: Value| {
-        let mut request = Request::builder()
-            .method(method)
-            .uri("/mcp")
-            .header("host", "127.0.0.1:8080")
-            .header("authorization", format!("Bearer {key}"))
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-06-18");
-        if let Some(session) = session {
-            request = request.header("mcp-session-id", session);
-        }
-        let request = request.body(Body::from(body.to_string())).unwrap();
-        tower::ServiceExt::oneshot(router.clone(), request)
-    };
-    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "cap-test", "version": "1"}}});
-    let open = |key: &str| {
-        let response = mcp("POST", key, None, initialize.clone());
-        async move {
-            let response = response.await.unwrap();
-            let status = response.status();
-            let session = response
-                .headers()
-                .get("mcp-session-id")
-                .map(|id| id.to_str().unwrap().to_owned());
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            (status, session, String::from_utf8_lossy(&body).into_owned())
-        }
-    };
+    let initialize = initialize_message("cap-test");
+    let open = async |key: &str| mcp_send(&router, "POST", key, None, initialize.clone()).await;
     let (status, first, body) = open(&api.acme).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let first = first.expect("an initialize names its session");
@@ -1054,12 +1025,10 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
     assert!(body.contains("mcp_sessions_full"), "{body}");
     // Open sessions keep working; ending one frees its place.
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
-    let response = mcp("POST", &api.acme, Some(&first), ping).await.unwrap();
-    assert!(response.status().is_success(), "{}", response.status());
-    let ended = mcp("DELETE", &api.acme, Some(&first), json!(null))
-        .await
-        .unwrap();
-    assert_eq!(ended.status(), StatusCode::NO_CONTENT);
+    let (status, _, body) = mcp_send(&router, "POST", &api.acme, Some(&first), ping).await;
+    assert!(status.is_success(), "{status} {body}");
+    let ended = mcp_send(&router, "DELETE", &api.acme, Some(&first), json!(null)).await;
+    assert_eq!(ended.0, StatusCode::NO_CONTENT);
     assert_eq!(open(&api.acme).await.0, StatusCode::OK);
 }
 
@@ -1138,34 +1107,14 @@ async fn malformed_tools_call_params_are_invalid_params() {
         .await
         .unwrap();
     let router = router(api.host.clone(), Default::default());
-    let mcp = |session: Option<&str>, body: Value| {
-        let mut request = Request::builder()
-            .method("POST")
-            .uri("/mcp")
-            .header("host", "127.0.0.1:8080")
-            .header("authorization", format!("Bearer {}", api.acme))
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-06-18");
-        if let Some(session) = session {
-            request = request.header("mcp-session-id", session);
-        }
-        let request = request.body(Body::from(body.to_string())).unwrap();
-        let router = router.clone();
-        async move {
-            let response = tower::ServiceExt::oneshot(router, request).await.unwrap();
-            let session = response
-                .headers()
-                .get("mcp-session-id")
-                .map(|id| id.to_str().unwrap().to_owned());
-            let body = response.into_body().collect().await.unwrap().to_bytes();
-            (session, String::from_utf8_lossy(&body).into_owned())
-        }
+    let mcp = async |session: Option<&str>, body: Value| {
+        let (_, session, body) = mcp_send(&router, "POST", &api.acme, session, body).await;
+        (session, body)
     };
-    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "params-test", "version": "1"}}});
-    let session = mcp(None, initialize).await.0.unwrap();
+    let session = mcp(None, initialize_message("params-test"))
+        .await
+        .0
+        .unwrap();
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     mcp(Some(&session), initialized).await;
     for (params, says) in [
@@ -1191,4 +1140,44 @@ async fn malformed_tools_call_params_are_invalid_params() {
         body.contains(r#"\"words\": 2"#) || body.contains(r#"\"words\":2"#),
         "{body}"
     );
+}
+
+/// An MCP `initialize` from a client named `client`.
+fn initialize_message(client: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": client, "version": "1"}}})
+}
+
+/// One request to `/mcp` with `key`, in `session` if given: the status, the session the
+/// answer names, and the whole body.
+async fn mcp_send(
+    router: &Router,
+    method: &str,
+    key: &str,
+    session: Option<&str>,
+    body: Value,
+) -> (StatusCode, Option<String>, String) {
+    let mut request = Request::builder()
+        .method(method)
+        .uri("/mcp")
+        .header("host", "127.0.0.1:8080")
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18");
+    if let Some(session) = session {
+        request = request.header("mcp-session-id", session);
+    }
+    let request = request.body(Body::from(body.to_string())).unwrap();
+    let response = tower::ServiceExt::oneshot(router.clone(), request)
+        .await
+        .unwrap();
+    let status = response.status();
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .map(|id| id.to_str().unwrap().to_owned());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, session, String::from_utf8_lossy(&body).into_owned())
 }
