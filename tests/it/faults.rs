@@ -266,8 +266,9 @@ fn toolhost_at(at: &str, data: &Path, args: &[&str]) -> Option<(Option<i32>, Str
 }
 
 /// The wall clock jumps between processes, across a cached result's 60 s TTL: forwards, a
-/// result expires when it should; backwards, it does not expire early, and it still expires
-/// once its time is reached (it cannot live forever); nothing panics on a negative duration.
+/// result expires when it should; back a little, it does not expire early and still expires
+/// at its time; back further than any TTL, it expires (it cannot live forever); nothing
+/// panics on a negative duration.
 #[test]
 fn clock_jumps_neither_expire_cached_results_early_nor_keep_them_forever() {
     let dir = tempfile::tempdir().unwrap();
@@ -311,4 +312,6 @@ fn clock_jumps_neither_expire_cached_results_early_nor_keep_them_forever() {
     );
     assert_eq!(count_at("2031-06-01 00:00:00"), Some(3), "a year on");
     assert_eq!(count_at("2031-06-01 00:00:10"), Some(3), "and cached again");
+    // Back two years: the entry claims to live longer than any TTL, so its age is unknown.
+    assert_eq!(count_at("2029-06-01 00:00:00"), Some(4), "not kept forever");
 }

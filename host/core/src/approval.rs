@@ -46,8 +46,11 @@ pub enum ApprovalError {
     Store(#[from] StoreError),
 }
 
+/// Past its TTL, or held further in the future than the TTL (the wall clock went back more
+/// than that): a jump back neither expires a call early nor keeps one forever.
 fn expired(held: &HeldCall, now_ms: u64) -> bool {
-    held.waiting_ms(now_ms) >= PENDING_TTL.as_millis() as u64
+    let ttl = PENDING_TTL.as_millis() as u64;
+    held.waiting_ms(now_ms) >= ttl || held.held_at_ms.saturating_sub(now_ms) > ttl
 }
 
 pub(crate) struct Approvals {
@@ -153,6 +156,26 @@ impl Approvals {
 mod tests {
     use super::*;
     use toolhost_store::SledStore;
+
+    #[test]
+    fn a_clock_jump_neither_expires_a_held_call_early_nor_keeps_it_forever() {
+        let t = 1_900_000_000_000_u64;
+        let ttl = PENDING_TTL.as_millis() as u64;
+        let held = HeldCall {
+            caller: Caller::tenant("acme"),
+            tool: "wire_money".into(),
+            args: Value::Null,
+            held_at_ms: t,
+        };
+        assert!(!expired(&held, t + ttl - 1), "within its TTL");
+        assert!(!expired(&held, t - ttl / 2), "half a TTL back: still held");
+        assert!(expired(&held, t + ttl), "at its TTL");
+        assert!(
+            expired(&held, t - 2 * ttl),
+            "two TTLs back: its age is unknown"
+        );
+        assert!(expired(&held, 0), "the clock at the epoch: no overflow");
+    }
 
     #[test]
     fn calls_that_expired_while_the_host_was_down_are_dropped_at_load() {

@@ -29,7 +29,7 @@ pub use sealed::SecretsKey;
 use toolhost_spec::access::Role;
 use toolhost_spec::call::Caller;
 use toolhost_spec::policy::TenantPolicy;
-use toolhost_spec::spec::ToolSpec;
+use toolhost_spec::spec::{CACHE_TTL_MS, ToolSpec};
 
 /// A tool's history: the versions kept, and which one answers calls.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -298,6 +298,13 @@ impl HeldCall {
     pub fn waiting_ms(&self, now_ms: u64) -> u64 {
         now_ms.saturating_sub(self.held_at_ms)
     }
+}
+
+/// A cached result expires at its time, or at once if that is further off than any TTL
+/// allows: the wall clock went back, and the entry's real age is unknown. So a jump back
+/// neither expires a result early nor keeps one forever.
+fn cache_expired(expires_at_ms: u64, now_ms: u64) -> bool {
+    expires_at_ms <= now_ms || expires_at_ms - now_ms > CACHE_TTL_MS.max
 }
 
 fn key(parts: &[&str]) -> Vec<u8> {
@@ -576,7 +583,7 @@ impl Store for SledStore {
         };
         let (expiry, json) = stored.split_at(8.min(stored.len()));
         let expires_at_ms = u64::from_be_bytes(expiry.try_into().unwrap_or([0; 8]));
-        if expires_at_ms <= now_ms {
+        if cache_expired(expires_at_ms, now_ms) {
             self.wrote(|| self.sled.cache.remove(key))?;
             return Ok(None);
         }
@@ -599,7 +606,7 @@ impl Store for SledStore {
         for entry in self.sled.cache.iter() {
             let (key, stored) = entry?;
             let expiry = stored.get(..8).and_then(|b| b.try_into().ok());
-            if expiry.map_or(0, u64::from_be_bytes) <= now_ms {
+            if cache_expired(expiry.map_or(0, u64::from_be_bytes), now_ms) {
                 self.wrote(|| self.sled.cache.remove(key))?;
                 purged += 1;
             }
@@ -802,6 +809,27 @@ impl Store for SledStore {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_clock_jump_neither_expires_a_cached_result_early_nor_keeps_it_forever() {
+        let (t, minute, hour) = (1_900_000_000_000_u64, 60_000, 3_600_000);
+        let expires = t + minute;
+        assert!(!cache_expired(expires, t), "within its TTL");
+        assert!(
+            !cache_expired(expires, t - hour),
+            "an hour back: still there"
+        );
+        assert!(cache_expired(expires, t + minute), "at its time");
+        assert!(cache_expired(expires, t + 365 * 24 * hour), "a year on");
+        assert!(
+            cache_expired(expires, t - 365 * 24 * hour),
+            "a year back: further off than any TTL, so its age is unknown"
+        );
+        assert!(
+            cache_expired(expires, 0),
+            "the clock at the epoch: no overflow"
+        );
+    }
 
     #[test]
     fn a_key_stored_before_roles_reads_as_a_developer() {
