@@ -356,3 +356,46 @@ async fn a_symlink_planted_in_a_grant_leads_nowhere() {
     }
     assert!(!files(&f.host, "globex").join("d/planted.txt").exists());
 }
+
+/// A granted directory is opened once, before the guest runs, and the guest reaches it
+/// through that handle: swapping the directory for a link to another tenant's files while
+/// the call runs (a rename, then a symlink under the old name) changes nothing it can see.
+#[tokio::test]
+async fn a_grant_swapped_for_a_link_during_a_call_still_reaches_only_its_own_files() {
+    let f = fixture(EgressConfig::default()).await;
+    grant(
+        &f.host,
+        "acme",
+        json!({"*": {"filesystem": [{"dir": "data", "guest": "/data"}]}}),
+    );
+    let (acme, globex) = (files(&f.host, "acme"), files(&f.host, "globex"));
+    for (root, text) in [(&acme, "acme's own"), (&globex, "globex only")] {
+        std::fs::create_dir_all(root.join("data")).unwrap();
+        std::fs::write(root.join("data/note.txt"), text).unwrap();
+    }
+    let started = crate::plugins::next_call_started(&f.host);
+    let args = json!({"path": "/data/note.txt", "ms": 1500});
+    let running = call(&f.host, "acme", "fs_read_later", args);
+    let swap = async {
+        started.await.unwrap();
+        // Past the grant's opening (it precedes the guest), well inside the guest's 1.5 s.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        std::fs::rename(acme.join("data"), acme.join("moved")).unwrap();
+        std::os::unix::fs::symlink(globex.join("data"), acme.join("data")).unwrap();
+    };
+    let (out, ()) = tokio::join!(running, swap);
+    let shown = format!("{:?}", out.result);
+    assert!(!shown.contains("globex only"), "{shown}");
+    assert_eq!(out.result.unwrap()["ok"], "acme's own");
+    // The next call opens its grant anew and refuses the link.
+    let out = call(
+        &f.host,
+        "acme",
+        "fs_read",
+        json!({"path": "/data/note.txt"}),
+    )
+    .await;
+    let shown = format!("{:?}", out.result);
+    assert!(!shown.contains("globex only"), "{shown}");
+    assert_eq!(out.code(), "internal", "{shown}");
+}

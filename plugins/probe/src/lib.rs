@@ -90,6 +90,21 @@ fn fs_read(args: PathArg, _: &Context) -> Result<Value, ToolError> {
     report(std::fs::read_to_string(&args.path))
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct ReadLater {
+    path: String,
+    ms: u64,
+}
+
+/// Busy for `ms`, then reads the file: a window in which its directory can be swapped.
+fn fs_read_later(args: ReadLater, _: &Context) -> Result<Value, ToolError> {
+    let start = std::time::Instant::now();
+    while start.elapsed().as_millis() < u128::from(args.ms) {
+        std::hint::black_box(0);
+    }
+    report(std::fs::read_to_string(&args.path))
+}
+
 fn fs_write(args: WriteArgs, _: &Context) -> Result<Value, ToolError> {
     report(std::fs::write(&args.path, args.text.as_bytes()).map(|()| args.text.len()))
 }
@@ -168,6 +183,11 @@ export_tools!(
     Tool::new("busy", "Busy for some milliseconds.", busy),
     Tool::new("fs_read", "Reads a file as text.", fs_read),
     Tool::new("fs_write", "Writes text to a file.", fs_write),
+    Tool::new(
+        "fs_read_later",
+        "Reads a file after some milliseconds.",
+        fs_read_later
+    ),
     Tool::new("fs_list", "Lists a directory.", fs_list),
     Tool::new("http_get", "Fetches a URL.", http_get),
     Tool::new("call_tool", "Calls another tool.", call_tool),
