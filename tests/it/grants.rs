@@ -399,3 +399,40 @@ async fn a_grant_swapped_for_a_link_during_a_call_still_reaches_only_its_own_fil
     assert!(!shown.contains("globex only"), "{shown}");
     assert_eq!(out.code(), "internal", "{shown}");
 }
+
+/// A hard link needs both of its paths inside the guest's grants: one to a file outside them
+/// (the host's, another tenant's, or a read-only grant's into a writable one) is refused,
+/// while a link within one writable grant works.
+#[tokio::test]
+async fn hard_links_cannot_reach_outside_a_grant() {
+    let f = fixture(EgressConfig::default()).await;
+    grant(
+        &f.host,
+        "acme",
+        json!({"*": {"filesystem": [
+            {"dir": "data", "guest": "/data", "write": true},
+            {"dir": "docs", "guest": "/docs"}
+        ]}}),
+    );
+    let acme = files(&f.host, "acme");
+    for dir in ["data", "docs"] {
+        std::fs::create_dir_all(acme.join(dir)).unwrap();
+    }
+    std::fs::write(acme.join("data/mine.txt"), "mine").unwrap();
+    std::fs::write(acme.join("docs/manual.txt"), "read only").unwrap();
+    let link =
+        |from: &str, to: &str| probe(&f.host, "acme", "fs_link", json!({"from": from, "to": to}));
+    for from in [
+        "/etc/passwd",
+        "/data/../../globex/d/secret.txt",
+        "/docs/manual.txt",
+    ] {
+        assert!(link(from, "/data/link.txt").await.is_err(), "{from}");
+        assert!(!acme.join("data/link.txt").exists(), "{from}");
+    }
+    link("/data/mine.txt", "/data/also-mine.txt").await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(acme.join("data/also-mine.txt")).unwrap(),
+        "mine"
+    );
+}

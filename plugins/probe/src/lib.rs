@@ -105,6 +105,17 @@ fn fs_read_later(args: ReadLater, _: &Context) -> Result<Value, ToolError> {
     report(std::fs::read_to_string(&args.path))
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct LinkArgs {
+    from: String,
+    to: String,
+}
+
+/// Makes `to` a hard link to `from`.
+fn fs_link(args: LinkArgs, _: &Context) -> Result<Value, ToolError> {
+    report(std::fs::hard_link(&args.from, &args.to))
+}
+
 fn fs_write(args: WriteArgs, _: &Context) -> Result<Value, ToolError> {
     report(std::fs::write(&args.path, args.text.as_bytes()).map(|()| args.text.len()))
 }
@@ -183,6 +194,7 @@ export_tools!(
     Tool::new("busy", "Busy for some milliseconds.", busy),
     Tool::new("fs_read", "Reads a file as text.", fs_read),
     Tool::new("fs_write", "Writes text to a file.", fs_write),
+    Tool::new("fs_link", "Hard-links a file.", fs_link),
     Tool::new(
         "fs_read_later",
         "Reads a file after some milliseconds.",
