@@ -16,9 +16,10 @@ const MIN_FORM_CHARS: usize = 6;
 pub(crate) fn forms(secret: &str) -> Vec<String> {
     let mut forms = vec![secret.to_owned()];
     let percent = utf8_percent_encode(secret, NON_ALPHANUMERIC).to_string();
-    forms.push(percent.to_ascii_lowercase());
+    let lower_hex = lowercase_hex(&percent);
+    forms.push(lower_hex.replace("%20", "+"));
+    forms.push(lower_hex);
     forms.push(percent.replace("%20", "+"));
-    forms.push(percent.to_ascii_lowercase().replace("%20", "+"));
     forms.push(percent);
     // Only the characters an encoder must escape differ: `"`, `\` and controls, then `/`.
     let json = serde_json::to_string(secret).expect("a string serializes");
@@ -34,6 +35,25 @@ pub(crate) fn forms(secret: &str) -> Vec<String> {
     forms.sort_by_key(|form| std::cmp::Reverse(form.len()));
     forms.dedup();
     forms
+}
+
+/// `percent` with the hex digits of each `%XX` in lower case, and nothing else changed.
+fn lowercase_hex(percent: &str) -> String {
+    let mut out = String::with_capacity(percent.len());
+    let mut hex_left: u8 = 0;
+    for c in percent.chars() {
+        out.push(if hex_left > 0 {
+            c.to_ascii_lowercase()
+        } else {
+            c
+        });
+        hex_left = if c == '%' {
+            2
+        } else {
+            hex_left.saturating_sub(1)
+        };
+    }
+    out
 }
 
 /// The base64 characters that depend only on `secret` when it starts `offset` bytes into a
@@ -68,9 +88,8 @@ mod tests {
         let encoded = [
             SECRET.to_owned(),
             utf8_percent_encode(SECRET, NON_ALPHANUMERIC).to_string(),
-            utf8_percent_encode(SECRET, NON_ALPHANUMERIC)
-                .to_string()
-                .to_lowercase(),
+            // Lower-case hex, as some encoders write it; the secret's own letters keep their case.
+            "s3cr3t%2fToken%2bvalue%20%22x%22".to_owned(),
             url::form_urlencoded::byte_serialize(SECRET.as_bytes()).collect(),
             serde_json::to_string(SECRET).unwrap(),
             serde_json::to_string(SECRET).unwrap().replace('/', "\\/"),
