@@ -1049,6 +1049,9 @@ async fn every_keyed_route_checks_the_role_it_needs() {
         (("POST", "/v1/tools/{name}/call"), Access::Call),
         (("GET", "/v1/export"), Access::Read),
         (("GET", "/v1/policy"), Access::Manage),
+        (("GET", "/v1/config"), Access::Manage),
+        (("PUT", "/v1/config/{key}"), Access::Manage),
+        (("DELETE", "/v1/config/{key}"), Access::Manage),
         (("GET", "/v1/approvals"), Access::Decide),
         (("POST", "/v1/approvals/{call_id}/approve"), Access::Decide),
         (("POST", "/v1/approvals/{call_id}/reject"), Access::Decide),
@@ -1076,7 +1079,10 @@ async fn every_keyed_route_checks_the_role_it_needs() {
     for role in [Role::Agent, Role::Developer, Role::Approver, Role::Admin] {
         let key = api.host.create_key("acme", role).unwrap().secret;
         for ((method, path), access) in &needs {
-            let uri = path.replace("{name}", "nothing").replace("{call_id}", "c1");
+            let uri = path
+                .replace("{name}", "nothing")
+                .replace("{call_id}", "c1")
+                .replace("{key}", "NOTHING");
             let (status, body) = send(
                 &api,
                 method,
@@ -1180,4 +1186,64 @@ async fn mcp_send(
         .map(|id| id.to_str().unwrap().to_owned());
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, session, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A developer's key sets its tenant's configuration over HTTP; a secret is never shown
+/// again, and another tenant's configuration is out of reach.
+#[tokio::test]
+async fn developers_set_their_tenants_configuration_over_http() {
+    let api = api();
+    let developer = api
+        .host
+        .create_key("acme", toolhost::Role::Developer)
+        .unwrap()
+        .secret;
+    let put = async |key: &str, body: Value| {
+        let path = format!("/v1/config/{key}");
+        let body = body.to_string().into_bytes();
+        send(
+            &api,
+            "PUT",
+            &path,
+            Some(&developer),
+            "application/json",
+            body,
+        )
+        .await
+    };
+    assert_eq!(
+        put("REGION", json!({"value": "eu"})).await.0,
+        StatusCode::NO_CONTENT
+    );
+    let secret = json!({"value": "s3cr3t-token", "secret": true});
+    assert_eq!(put("API_TOKEN", secret).await.0, StatusCode::NO_CONTENT);
+    let (status, body) = put("bad%20key!", json!({"value": "x"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, listed) = get(&api, "/v1/config", &developer).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = listed.to_string();
+    assert!(!text.contains("s3cr3t-token"), "{text}");
+    assert!(
+        text.contains(r#"{"key":"REGION","secret":false,"value":"eu"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"{"key":"API_TOKEN","secret":true,"value":null}"#),
+        "{text}"
+    );
+    // Another tenant's key sees only its own.
+    let (_, theirs) = get(&api, "/v1/config", &api.globex).await;
+    assert_eq!(theirs["config"], json!([]));
+    let delete = || {
+        send(
+            &api,
+            "DELETE",
+            "/v1/config/REGION",
+            Some(&developer),
+            "application/json",
+            vec![],
+        )
+    };
+    assert_eq!(delete().await.0, StatusCode::NO_CONTENT);
+    assert_eq!(delete().await.0, StatusCode::NOT_FOUND);
 }

@@ -15,7 +15,7 @@ use axum::extract::{
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -115,6 +115,8 @@ fn router_with_shutdown(
         .route("/v1/tools/{name}/call", post(call))
         .route("/v1/export", get(export))
         .route("/v1/policy", get(policy))
+        .route("/v1/config", get(config_list))
+        .route("/v1/config/{key}", put(config_set).delete(config_remove))
         .route("/v1/approvals", get(approvals))
         .route("/v1/approvals/{call_id}/approve", post(approve))
         .route("/v1/approvals/{call_id}/reject", post(reject))
@@ -678,6 +680,57 @@ fn outcome_body(outcome: CallOutcome) -> Value {
 async fn policy(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
     Ok(Json(json!(*app.host.policy(&tenant))))
+}
+
+/// The tenant's configuration keys; a secret's value is never shown.
+async fn config_list(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
+    let entries: Vec<Value> = app
+        .host
+        .config(&tenant)?
+        .into_iter()
+        .map(|(name, value)| json!({"key": name, "secret": value.is_none(), "value": value}))
+        .collect();
+    Ok(Json(json!({ "config": entries })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigValueBody {
+    value: String,
+    #[serde(default)]
+    secret: bool,
+}
+
+/// Sets a configuration value that the tenant's tools declaring `name` read.
+async fn config_set(
+    State(app): State<App>,
+    key: Key,
+    Path(name): Path<String>,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<StatusCode, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
+    let body: ConfigValueBody = json_body(body)?;
+    app.host
+        .set_config(&tenant, &name, &body.value, body.secret)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn config_remove(
+    State(app): State<App>,
+    key: Key,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
+    if app.host.remove_config(&tenant, &name)? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no config key `{name}`"),
+        ))
+    }
 }
 
 async fn approvals(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {

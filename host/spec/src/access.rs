@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 pub enum Role {
     /// What an agent needs: list, describe and call the tenant's tools (not private ones).
     Agent,
-    /// Also install, remove and roll back tools, read versions and the policy, and call
-    /// private tools.
+    /// Also install, remove and roll back tools, read versions and the policy, set the
+    /// tenant's configuration, and call private tools.
     Developer,
     /// Decides calls held for approval, and nothing else.
     Approver,
