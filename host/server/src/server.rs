@@ -796,12 +796,7 @@ fn approval_error(error: ApprovalError) -> ApiError {
 async fn healthz(State(app): State<App>) -> Response {
     match app.host.storage_health() {
         Ok(()) => "ok".into_response(),
-        Err(reason) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "storage_unavailable",
-            format!("the host cannot write to its storage: {reason}"),
-        )
-        .into_response(),
+        Err(reason) => ApiError::storage(&StoreError::Backend(reason)).into_response(),
     }
 }
 
