@@ -388,7 +388,7 @@ async fn with_a_search_model_tool_search_finds_what_the_static_ranking_misses() 
     );
 }
 
-/// Tool vectors are kept in sled beside the catalog: after a restart, only the query is encoded.
+/// Tool vectors are kept in the store beside the catalog: after a restart, only the query is encoded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_reuses_the_stored_search_vectors() {
     let Some(first_encoder) = search_model() else {

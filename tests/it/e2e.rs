@@ -102,6 +102,22 @@ async fn the_example_tools_answer() {
         out.result.unwrap(),
         json!({"count": 2, "matches": ["a@x", "b@x"]})
     );
+    let doc = json!({"a": {"b": [1, 2, {"c": 3}]}, "d": {"c": 4}, "e f": 5});
+    for (path, matches) in [
+        ("$.a.b[0]", json!([1])),
+        ("$.a.b[-1].c", json!([3])),
+        ("$..c", json!([3, 4])),
+        ("$.a.b[*]", json!([1, 2, {"c": 3}])),
+        ("$['e f']", json!([5])),
+        ("$.missing", json!([])),
+    ] {
+        let out = call(&host, "json_query", json!({"document": doc, "path": path})).await;
+        assert_eq!(out.result.unwrap()["matches"], matches, "{path}");
+    }
+    for path in ["a.b", "$.a[x]"] {
+        let out = call(&host, "json_query", json!({"document": doc, "path": path})).await;
+        assert_eq!(out.result.unwrap_err().code(), "tool_error", "{path}");
+    }
 
     let out = call(
         &host,

@@ -754,7 +754,7 @@ async fn the_cli_manages_tenants_keys_and_policies_while_the_server_runs() {
         (Some(2), "error: no key with id `nope`")
     );
     let (code, _, stderr) = cli(&["list"]);
-    assert_eq!(code, Some(2));
+    assert_eq!(code, Some(1));
     assert!(stderr.contains("in use"), "{stderr}");
 
     let (_, list, _) = cli(&["--tenant", "acme", "key", "list"]);

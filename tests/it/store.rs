@@ -356,6 +356,28 @@ fn a_data_directory_that_cannot_be_used_gets_a_clear_error() {
     );
 }
 
+const ARTIFACTS: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("artifacts");
+
+/// The stored artifacts of the closed store in `dir`, read as a tamperer would.
+fn artifacts(dir: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    use redb::{ReadableDatabase, ReadableTable};
+    let db = redb::Database::open(dir.join(toolhost_store::STORE_FILE)).unwrap();
+    let tx = db.begin_read().unwrap();
+    let table = tx.open_table(ARTIFACTS).unwrap();
+    let entries = table.iter().unwrap().map(Result::unwrap);
+    entries
+        .map(|(k, v)| (k.value().to_vec(), v.value().to_vec()))
+        .collect()
+}
+
+/// Commits what `edit` does to the stored artifacts of the closed store in `dir`.
+fn tamper_with_artifacts(dir: &std::path::Path, edit: impl FnOnce(&mut redb::Table<&[u8], &[u8]>)) {
+    let db = redb::Database::open(dir.join(toolhost_store::STORE_FILE)).unwrap();
+    let tx = db.begin_write().unwrap();
+    edit(&mut tx.open_table(ARTIFACTS).unwrap());
+    tx.commit().unwrap();
+}
+
 #[tokio::test]
 async fn a_damaged_artifact_is_recompiled_never_trusted() {
     let dir = tempfile::tempdir().unwrap();
@@ -363,27 +385,12 @@ async fn a_damaged_artifact_is_recompiled_never_trusted() {
         let host = Host::open(persistent(dir.path())).unwrap();
         host.install("acme", plugin("unit_convert")).await.unwrap();
     }
-    let artifacts = |db: &sled::Db| db.open_tree("artifacts").unwrap();
-    // A dropped store's flusher thread lets go of sled's lock a moment after the drop.
-    let open = || {
-        for _ in 0..100 {
-            if let Ok(db) = sled::open(dir.path().join("db")) {
-                return db;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        panic!("the store stayed locked");
-    };
-    {
-        let db = open();
-        let tree = artifacts(&db);
-        let (key, value) = tree.iter().next().unwrap().unwrap();
-        let mut damaged = value.to_vec();
-        let middle = damaged.len() / 2;
-        damaged[middle] ^= 0xff;
-        tree.insert(key, damaged).unwrap();
-        db.flush().unwrap();
-    }
+    let (key, mut damaged) = artifacts(dir.path()).remove(0);
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0xff;
+    tamper_with_artifacts(dir.path(), |table| {
+        table.insert(&key[..], &damaged[..]).unwrap();
+    });
     {
         let host = Host::open(persistent(dir.path())).unwrap();
         let out = call(
@@ -395,8 +402,7 @@ async fn a_damaged_artifact_is_recompiled_never_trusted() {
         .await;
         assert_eq!(out.result.unwrap()["value"], json!(36.0));
     }
-    let db = open();
-    let (_, value) = artifacts(&db).iter().next().unwrap().unwrap();
+    let (_, value) = artifacts(dir.path()).remove(0);
     use sha2::Digest;
     assert_eq!(
         sha2::Sha256::digest(&value[32..])[..],
@@ -581,34 +587,20 @@ async fn a_store_cannot_hand_the_host_code_to_run() {
         host.install("acme", convert.clone()).await.unwrap();
         host.install("acme", stats.clone()).await.unwrap();
     }
-    let db = (0..100)
-        .find_map(|_| {
-            sled::open(dir.path().join("db"))
-                .inspect_err(|_| std::thread::sleep(std::time::Duration::from_millis(20)))
-                .ok()
-        })
-        .expect("the store opens once the host let go");
-    let artifacts = db.open_tree("artifacts").unwrap();
     let key_of = |component: &[u8]| {
         let sha = toolhost::digest::sha256_hex(component);
-        let (key, _) = artifacts
-            .scan_prefix(sha.as_bytes())
-            .next()
-            .unwrap()
-            .unwrap();
-        key
+        let stored = artifacts(dir.path());
+        let found = stored
+            .into_iter()
+            .find(|(key, _)| key.starts_with(sha.as_bytes()));
+        found.unwrap()
     };
-    let stats_artifact = artifacts.get(key_of(&stats)).unwrap().unwrap();
-    artifacts.insert(key_of(&convert), stats_artifact).unwrap();
-    db.flush().unwrap();
-    drop((artifacts, db));
-    let host = (0..100)
-        .find_map(|_| {
-            Host::open(persistent(dir.path()))
-                .inspect_err(|_| std::thread::sleep(std::time::Duration::from_millis(20)))
-                .ok()
-        })
-        .unwrap();
+    let (convert_key, _) = key_of(&convert);
+    let (_, stats_artifact) = key_of(&stats);
+    tamper_with_artifacts(dir.path(), |table| {
+        table.insert(&convert_key[..], &stats_artifact[..]).unwrap();
+    });
+    let host = Host::open(persistent(dir.path())).unwrap();
     let args = json!({"value": 3, "from": "ft", "to": "in"});
     let out = call(&host, "acme", "convert_units", args).await;
     assert_eq!(
@@ -651,7 +643,7 @@ async fn secrets_are_sealed_at_rest_with_the_operators_key() {
             "the tool read it: {read}"
         );
     }
-    let mut files = vec![dir.path().join("db")];
+    let mut files = vec![dir.path().to_owned()];
     let mut found = false;
     while let Some(path) = files.pop() {
         if path.is_dir() {

@@ -258,6 +258,14 @@ fn install_error(error: toolhost::InstallError) -> Failure {
     }
 }
 
+/// A failing store is not the input's fault (1); anything else refused is (2).
+fn manage_error(error: toolhost::ManageError) -> Failure {
+    match error {
+        toolhost::ManageError::Store(_) => Failure(1, format!("error: {error}")),
+        refused => usage(refused),
+    }
+}
+
 fn default_data_dir() -> PathBuf {
     let base = std::env::var_os("XDG_DATA_HOME")
         .map(PathBuf::from)
@@ -327,6 +335,7 @@ fn print_reply(reply: AdminReply) -> Result<(), Failure> {
             Ok(())
         }
         AdminReply::Failed(message) => Err(usage(message)),
+        AdminReply::StoreFailed(message) => Err(Failure(1, format!("error: {message}"))),
     }
 }
 
@@ -375,7 +384,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             return print_reply(reply);
         }
         (Ok(host), Some(command)) => return print_reply(command.execute(&host)),
-        (Err(error), _) => return Err(usage(error)),
+        (Err(error), _) => return Err(Failure(1, format!("error: {error}"))),
         (Ok(host), None) => host,
     };
     let tenant = cli.tenant;
@@ -467,14 +476,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Remove { tool } => {
-            let removed = host.remove(&tenant, &tool).map_err(usage)?;
+            let removed = host
+                .remove(&tenant, &tool)
+                .map_err(|e| Failure(1, format!("error: {e}")))?;
             if !removed {
                 return Err(usage(format!("no tool named `{tool}`")));
             }
             println!("removed {tool}");
         }
         Command::Versions { tool } => {
-            let entry = host.versions(&tenant, &tool).map_err(usage)?;
+            let entry = host.versions(&tenant, &tool).map_err(manage_error)?;
             for v in entry.versions.iter().rev() {
                 let mark = if v.version == entry.current { "*" } else { " " };
                 let sha = &v.component[..12];
@@ -486,7 +497,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Rollback { tool, to } => {
-            let version = host.rollback(&tenant, &tool, to).map_err(usage)?;
+            let version = host.rollback(&tenant, &tool, to).map_err(manage_error)?;
             println!("{tool} is now at version {version}");
         }
         Command::Serve {

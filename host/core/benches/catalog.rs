@@ -4,8 +4,8 @@
 //! installs `json_query`, `unit_convert` and `probe` (shared) and one of 100 builds of
 //! `text_stats`. Then, in a fresh process per row (so that memory freed by the install phase
 //! does not count), the store is opened and one tool of every tenant is called: with 16 loaded
-//! components and a 64 MiB store cache, and, as the peer, with neither capped (sled's default
-//! cache is 1 GiB).
+//! components and a 16 MiB store cache, and, as the peer, with neither capped (the store's
+//! cache at 1 GiB).
 
 #[path = "../../../tests/it/plugins.rs"]
 #[allow(dead_code)] // not every user of the helpers needs all of them
@@ -103,7 +103,7 @@ async fn measure(dir: &Path, cap: usize) {
     .unwrap();
     let open_ms = start.elapsed().as_secs_f64() * 1e3;
     let label = if cap > TENANTS {
-        "no caps (sled cache at its 1 GiB default)".to_string()
+        "no caps (store cache 1 GiB)".to_string()
     } else {
         format!("{cap} loaded, store cache 16 MiB")
     };

@@ -155,7 +155,7 @@ impl Approvals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use toolhost_store::SledStore;
+    use toolhost_store::RedbStore;
 
     #[test]
     fn a_clock_jump_neither_expires_a_held_call_early_nor_keeps_it_forever() {
@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn calls_that_expired_while_the_host_was_down_are_dropped_at_load() {
-        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
         let held = |age: Duration| HeldCall {
             caller: Caller::tenant("acme"),
             tool: "wire_money".into(),

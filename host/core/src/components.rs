@@ -155,9 +155,13 @@ impl Components {
                     .await
                     .map_err(|e| e.to_string())?;
                 let sealed = self.seal.seal(&self.name(sha), &artifact);
-                self.store
-                    .put_artifact(sha, self.sandbox.fingerprint(), &sealed)
-                    .map_err(|e| e.to_string())?;
+                // A cache: on a failing disk the call runs anyway, compiled again next time.
+                if let Err(error) =
+                    self.store
+                        .put_artifact(sha, self.sandbox.fingerprint(), &sealed)
+                {
+                    tracing::warn!(%error, sha, "compiled artifact not stored");
+                }
                 artifact
             }
         };

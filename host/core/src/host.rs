@@ -11,7 +11,7 @@ use toolhost_spec::call::{CallOutcome, Caller};
 use toolhost_spec::export::Format;
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::ToolSpec;
-use toolhost_store::{KeyRecord, SledStore, Store, StoreError, ToolEntry, now_ms};
+use toolhost_store::{KeyRecord, RedbStore, Store, StoreError, ToolEntry, now_ms};
 
 use crate::admission::{Admission, Shares};
 use crate::approval::{ApprovalError, Approvals, PendingCall};
@@ -41,8 +41,8 @@ impl Host {
     /// Components are loaded lazily, on first call.
     pub fn open(config: HostConfig) -> Result<Self, OpenError> {
         let store = match &config.data_dir {
-            Some(dir) => SledStore::open(dir, config.store_cache_bytes)?,
-            None => SledStore::temporary()?,
+            Some(dir) => RedbStore::open(dir, config.store_cache_bytes)?,
+            None => RedbStore::temporary()?,
         };
         let store: Arc<dyn Store> = Arc::new(store.with_secrets_key(config.secrets_key.clone()));
         Self::with_store(store, config)

@@ -60,5 +60,5 @@ pub use toolhost_spec::{
     TenantPolicy, ToolError, ToolSpec,
 };
 pub use toolhost_store::{
-    KeyRecord, SecretsKey, SledStore, Store, StoreError, ToolEntry, ToolVersion,
+    KeyRecord, RedbStore, SecretsKey, Store, StoreError, ToolEntry, ToolVersion,
 };

@@ -304,7 +304,7 @@ impl Pipeline {
             Ok(()) => CallError::ApprovalRequired {
                 call_id: ctx.call_id.clone(),
             },
-            Err(ApprovalError::Store(error)) => CallError::Internal {
+            Err(ApprovalError::Store(error)) => CallError::StorageUnavailable {
                 message: format!("could not hold the call for approval: {error}"),
             },
             Err(error) => CallError::RateLimited {

@@ -225,10 +225,10 @@ fn storage(error: toolhost_store::StoreError) -> HelperError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use toolhost_store::{ConfigValue, SledStore};
+    use toolhost_store::{ConfigValue, RedbStore};
 
     fn helpers(tool: &str) -> (Arc<dyn Store>, Helpers) {
-        let store: Arc<dyn Store> = Arc::new(SledStore::temporary().unwrap());
+        let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
         let helpers = Helpers::for_call(
             store.clone(),
             "acme",

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use toolhost::{Host, Role, TenantPolicy};
+use toolhost::{Host, ManageError, Role, TenantPolicy};
 
 fn agent() -> Role {
     Role::Agent
@@ -100,8 +100,11 @@ pub enum AdminReply {
         /// What to print as a note.
         stderr: String,
     },
-    /// It failed, in words.
+    /// It was refused, in words: the command's fault (exit code 2).
     Failed(String),
+    /// The store failed (a full or failing disk), in words: not the command's fault (exit
+    /// code 1).
+    StoreFailed(String),
 }
 
 impl AdminCommand {
@@ -109,27 +112,30 @@ impl AdminCommand {
     pub fn execute(self, host: &Host) -> AdminReply {
         match self.run(host) {
             Ok((stdout, stderr)) => AdminReply::Done { stdout, stderr },
-            Err(message) => AdminReply::Failed(message),
+            Err(failed) => failed,
         }
     }
 
-    fn run(self, host: &Host) -> Result<(String, String), String> {
-        let fail = |e: &dyn std::fmt::Display| e.to_string();
+    fn run(self, host: &Host) -> Result<(String, String), AdminReply> {
+        let fail = |e: ManageError| match e {
+            ManageError::Store(_) => AdminReply::StoreFailed(e.to_string()),
+            refused => AdminReply::Failed(refused.to_string()),
+        };
         let out = |text: String| Ok((text, String::new()));
         match self {
             AdminCommand::TenantCreate { tenant } => {
-                let created = host.create_tenant(&tenant).map_err(|e| fail(&e))?;
+                let created = host.create_tenant(&tenant).map_err(fail)?;
                 out(format!(
                     "{} tenant {tenant}\n",
                     if created { "created" } else { "existing" }
                 ))
             }
             AdminCommand::TenantList => {
-                let tenants = host.tenants().map_err(|e| fail(&e))?;
+                let tenants = host.tenants().map_err(fail)?;
                 out(tenants.iter().map(|t| format!("{t}\n")).collect())
             }
             AdminCommand::KeyCreate { tenant, role } => {
-                let key = host.create_key(&tenant, role).map_err(|e| fail(&e))?;
+                let key = host.create_key(&tenant, role).map_err(fail)?;
                 Ok((
                     format!("{}\n", key.secret),
                     format!(
@@ -140,7 +146,7 @@ impl AdminCommand {
                 ))
             }
             AdminCommand::KeyList { tenant } => {
-                let keys = host.keys(tenant.as_deref()).map_err(|e| fail(&e))?;
+                let keys = host.keys(tenant.as_deref()).map_err(fail)?;
                 out(keys
                     .iter()
                     .map(|k| {
@@ -155,8 +161,8 @@ impl AdminCommand {
                     .collect())
             }
             AdminCommand::KeyRevoke { id } => {
-                if !host.revoke_key(&id).map_err(|e| fail(&e))? {
-                    return Err(format!("no key with id `{id}`"));
+                if !host.revoke_key(&id).map_err(fail)? {
+                    return Err(AdminReply::Failed(format!("no key with id `{id}`")));
                 }
                 out(format!("revoked {id}\n"))
             }
@@ -167,22 +173,22 @@ impl AdminCommand {
                 secret,
             } => {
                 host.set_config(&tenant, &key, &value, secret)
-                    .map_err(|e| fail(&e))?;
+                    .map_err(fail)?;
                 out(format!(
                     "set {key}{}\n",
                     if secret { " (secret)" } else { "" }
                 ))
             }
             AdminCommand::ConfigList { tenant } => {
-                let entries = host.config(&tenant).map_err(|e| fail(&e))?;
+                let entries = host.config(&tenant).map_err(fail)?;
                 out(entries
                     .into_iter()
                     .map(|(k, v)| format!("{k} = {}\n", v.unwrap_or_else(|| "(secret)".into())))
                     .collect())
             }
             AdminCommand::ConfigRemove { tenant, key } => {
-                if !host.remove_config(&tenant, &key).map_err(|e| fail(&e))? {
-                    return Err(format!("no config key `{key}`"));
+                if !host.remove_config(&tenant, &key).map_err(fail)? {
+                    return Err(AdminReply::Failed(format!("no config key `{key}`")));
                 }
                 out(format!("removed {key}\n"))
             }
@@ -194,7 +200,7 @@ impl AdminCommand {
                 ))
             }
             AdminCommand::PolicySet { tenant, policy } => {
-                host.set_policy(&tenant, policy).map_err(|e| fail(&e))?;
+                host.set_policy(&tenant, policy).map_err(fail)?;
                 out(format!("policy set for {tenant}\n"))
             }
         }

@@ -127,6 +127,13 @@ pub enum CallError {
         /// What went wrong, for the operator.
         message: String,
     },
+    /// The call needed a write that the host's storage refused (a full or failing disk): the
+    /// operator's to fix, and worth a retry later.
+    #[error("storage unavailable: {message}")]
+    StorageUnavailable {
+        /// The write that failed, and why.
+        message: String,
+    },
     /// The tenant's policy or a hook of the embedding app refused the call.
     #[error("denied: {reason}")]
     Denied {
@@ -178,6 +185,7 @@ impl CallError {
             CallError::Trap { .. } => "trap",
             CallError::InvalidOutput { .. } => "invalid_output",
             CallError::Internal { .. } => "internal",
+            CallError::StorageUnavailable { .. } => "storage_unavailable",
             CallError::Denied { .. } => "denied",
             CallError::ApprovalRequired { .. } => "approval_required",
             CallError::Rejected { .. } => "rejected",

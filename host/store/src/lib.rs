@@ -1,6 +1,6 @@
-//! What survives a restart: the [`Store`] trait, and [`SledStore`], its sled implementation.
+//! What survives a restart: the [`Store`] trait, and [`RedbStore`], its redb implementation.
 //!
-//! | tree        | key                            | value                                     |
+//! | table       | key                            | value                                     |
 //! |-------------|--------------------------------|-------------------------------------------|
 //! | `tools`     | `tenant \0 name`               | [`ToolEntry`] JSON: every kept version (spec, source kind, component sha256, installed-at) |
 //! | `blobs`     | component sha256 (hex)         | the uploaded component bytes              |
@@ -9,17 +9,26 @@
 //! | `kv`        | `tenant \0 tool \0 key`        | the value bytes                           |
 //! | `config`    | `tenant \0 key`                | [`ConfigValue`] JSON                      |
 //! | `policies`  | `tenant`                       | [`TenantPolicy`] JSON                     |
+//! | `tenants`   | `tenant`                       | created-at (u64 BE ms)                    |
+//! | `keys`      | sha256 of the API key (hex)    | [`KeyRecord`] JSON                        |
+//! | `held_calls`| call id                        | [`HeldCall`] JSON                         |
+//! | `search_vectors` | model fingerprint and text digest | the vector's bytes               |
 //!
 //! Blobs and artifacts are content-addressed and written before the entries that point at
 //! them, so a crash between the two leaves at worst an unreferenced blob, never an entry that
-//! points at nothing. Every write that must survive a crash is flushed before it returns.
+//! points at nothing. Each write is one redb transaction, on disk (synced) before it returns;
+//! cached results and search vectors, which are computed again if lost, are synced lazily.
 
 #![deny(missing_docs)]
 
 mod sealed;
 
-use std::mem::ManuallyDrop;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -172,12 +181,6 @@ pub enum StoreError {
     },
 }
 
-impl From<sled::Error> for StoreError {
-    fn from(error: sled::Error) -> Self {
-        StoreError::Backend(error.to_string())
-    }
-}
-
 /// The store's result.
 pub type Result<T> = std::result::Result<T, StoreError>;
 
@@ -311,38 +314,65 @@ fn key(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
 }
 
-/// The sled implementation of [`Store`]: one data directory, one process.
-pub struct SledStore {
-    /// Closed by `Drop` on a thread of its own, within a bound.
-    sled: ManuallyDrop<Sled>,
+/// A table of the store: byte keys to byte values.
+type Table = TableDefinition<'static, &'static [u8], &'static [u8]>;
+
+const TOOLS: Table = TableDefinition::new("tools");
+const BLOBS: Table = TableDefinition::new("blobs");
+const ARTIFACTS: Table = TableDefinition::new("artifacts");
+const CACHE: Table = TableDefinition::new("cache");
+const KV: Table = TableDefinition::new("kv");
+const CONFIG: Table = TableDefinition::new("config");
+const TENANTS: Table = TableDefinition::new("tenants");
+const KEYS: Table = TableDefinition::new("keys");
+const POLICIES: Table = TableDefinition::new("policies");
+const HELD_CALLS: Table = TableDefinition::new("held_calls");
+const SEARCH_VECTORS: Table = TableDefinition::new("search_vectors");
+const TABLES: [Table; 11] = [
+    TOOLS,
+    BLOBS,
+    ARTIFACTS,
+    CACHE,
+    KV,
+    CONFIG,
+    TENANTS,
+    KEYS,
+    POLICIES,
+    HELD_CALLS,
+    SEARCH_VECTORS,
+];
+
+/// The store's file in the data directory.
+pub const STORE_FILE: &str = "store.redb";
+
+/// Writes that may be lost in a crash (cached results, search vectors) are committed without
+/// a sync; every this many of them, one is synced so that the space they free is reused.
+const LAZY_COMMITS_PER_SYNC: u32 = 64;
+
+/// The redb implementation of [`Store`]: one file in the data directory, one process.
+pub struct RedbStore {
+    db: redb::Database,
     /// Seals secret configuration values at rest; without it they are stored as given.
     secrets_key: Option<SecretsKey>,
     /// Held for the life of the store: one process per data directory.
     _lock: Option<std::fs::File>,
     /// Why a write failed, if one did: the store takes no more writes.
-    failing: std::sync::Mutex<Option<String>>,
+    failing: Mutex<Option<String>>,
+    /// Commits without a sync since the last synced one.
+    lazy_commits: AtomicU32,
 }
 
-/// sled's handles. Dropping the last one flushes, and on a failing disk that flush can wait
-/// forever.
-struct Sled {
-    db: sled::Db,
-    tools: sled::Tree,
-    blobs: sled::Tree,
-    artifacts: sled::Tree,
-    cache: sled::Tree,
-    kv: sled::Tree,
-    config: sled::Tree,
-    tenants: sled::Tree,
-    keys: sled::Tree,
-    policies: sled::Tree,
-    held_calls: sled::Tree,
-    search_vectors: sled::Tree,
+/// Whether a write must be on disk when it returns.
+#[derive(Clone, Copy, PartialEq)]
+enum Commit {
+    /// On disk when the write returns.
+    Durable,
+    /// A cache: lost in a crash, it is computed again.
+    Lazy,
 }
 
-impl SledStore {
-    /// Opens `dir` with sled's page cache capped at `cache_bytes` (sled's own default is 1 GiB,
-    /// which reading many artifacts would fill).
+impl RedbStore {
+    /// Opens `dir` with the store's page cache capped at `cache_bytes`.
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
         let fail = |e: &dyn std::fmt::Display| StoreError::Open {
             path: dir.display().to_string(),
@@ -351,7 +381,7 @@ impl SledStore {
         std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
         // Owner only: the store holds secrets and compiled code, and the admin socket lives
         // here too, so no other local user may even reach a path below it.
-        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| fail(&e))?;
         let lock = std::fs::File::create(dir.join("toolhost.lock")).map_err(|e| fail(&e))?;
         match lock.try_lock() {
@@ -363,52 +393,46 @@ impl SledStore {
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(fail(&e)),
         }
-        let config = sled::Config::new()
-            .path(dir.join("db"))
-            .cache_capacity(cache_bytes);
-        // Our lock says no other process has the directory, so sled's own lock can only be
-        // held by a store of this process that was just dropped: its flusher thread lets go
-        // of the files a moment later.
-        let mut attempts = 0;
-        let db = loop {
-            match config.open() {
-                Ok(db) => break db,
-                Err(e) if attempts < 100 && e.to_string().contains("could not acquire lock") => {
-                    attempts += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(e) => return Err(fail(&e)),
-            }
-        };
+        let file = dir.join(STORE_FILE);
+        if !file.exists() && dir.join("db").is_dir() {
+            // Left untouched rather than shown as an empty store.
+            return Err(fail(
+                &"it holds a store of toolhost 0.1 (sled, in `db/`), which this \
+                version cannot read: keep using the toolhost that wrote it, or move `db/` \
+                away to start empty",
+            ));
+        }
+        let db = redb::Database::builder()
+            .set_cache_size(usize::try_from(cache_bytes).unwrap_or(usize::MAX))
+            .create(file)
+            .map_err(|e| fail(&e))?;
         Self::from_db(db, Some(lock))
     }
 
-    /// A store that lives only as long as this value.
+    /// A store that lives only as long as this value, in memory.
     pub fn temporary() -> Result<Self> {
-        Self::from_db(sled::Config::new().temporary(true).open()?, None)
+        let db = redb::Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(backend)?;
+        Self::from_db(db, None)
     }
 
-    fn from_db(db: sled::Db, lock: Option<std::fs::File>) -> Result<Self> {
-        let sled = Sled {
-            tools: db.open_tree("tools")?,
-            blobs: db.open_tree("blobs")?,
-            artifacts: db.open_tree("artifacts")?,
-            cache: db.open_tree("cache")?,
-            kv: db.open_tree("kv")?,
-            config: db.open_tree("config")?,
-            tenants: db.open_tree("tenants")?,
-            keys: db.open_tree("keys")?,
-            policies: db.open_tree("policies")?,
-            held_calls: db.open_tree("held_calls")?,
-            search_vectors: db.open_tree("search_vectors")?,
+    fn from_db(db: redb::Database, lock: Option<std::fs::File>) -> Result<Self> {
+        let store = RedbStore {
             db,
-        };
-        Ok(SledStore {
-            sled: ManuallyDrop::new(sled),
             secrets_key: None,
             _lock: lock,
-            failing: std::sync::Mutex::new(None),
-        })
+            failing: Mutex::new(None),
+            lazy_commits: AtomicU32::new(0),
+        };
+        // Every table exists from the start, so that a read never meets a missing one.
+        store.write(Commit::Durable, |tx| {
+            for table in TABLES {
+                tx.open_table(table)?;
+            }
+            Ok(())
+        })?;
+        Ok(store)
     }
 
     /// Seals secret configuration values written from now on with `key`, and opens sealed
@@ -418,15 +442,14 @@ impl SledStore {
         self
     }
 
-    /// Every acknowledged write is flushed.
-    fn flush(&self) -> Result<()> {
-        self.wrote(|| self.sled.db.flush()).map(drop)
-    }
-
-    /// Runs a write, unless one failed before: after an I/O error sled may wait forever on
-    /// its next write, so the first failure is final for this process (a restart recovers,
-    /// with every acknowledged write).
-    fn wrote<T>(&self, write: impl FnOnce() -> sled::Result<T>) -> Result<T> {
+    /// Runs `write` in one transaction and commits it: all of it is stored, or none. Once a
+    /// write has failed, none is tried again in this process (the disk is full or failing:
+    /// a restart once it is fixed recovers, with every acknowledged write).
+    fn write<T>(
+        &self,
+        commit: Commit,
+        write: impl FnOnce(&redb::WriteTransaction) -> std::result::Result<T, redb::Error>,
+    ) -> Result<T> {
         let failed = self
             .failing
             .lock()
@@ -437,63 +460,108 @@ impl SledStore {
                 "{reason} (earlier; this process takes no more writes: restart it once the disk is fixed)"
             )));
         }
-        write().map_err(|error| {
+        let lazy = commit == Commit::Lazy
+            && !(self.lazy_commits.fetch_add(1, Ordering::Relaxed))
+                .is_multiple_of(LAZY_COMMITS_PER_SYNC);
+        let committed = (|| {
+            let mut tx = self.db.begin_write()?;
+            if lazy {
+                tx.set_durability(redb::Durability::None)?;
+            }
+            let value = write(&tx)?;
+            tx.commit()?;
+            Ok(value)
+        })();
+        committed.map_err(|error: redb::Error| {
             tracing::error!(%error, "the store cannot write to its disk");
             *self.failing.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
-            error.into()
+            backend(error)
         })
     }
-}
 
-/// How long closing the store may take before the host gives up on it (the disk is failing;
-/// what was acknowledged was flushed when it was written).
-const CLOSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+    /// Runs `read` on a snapshot of `table`.
+    fn read<T>(
+        &self,
+        table: Table,
+        read: impl FnOnce(&redb::ReadOnlyTable<&'static [u8], &'static [u8]>) -> Result<T>,
+    ) -> Result<T> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        read(&tx.open_table(table).map_err(backend)?)
+    }
 
-impl Drop for SledStore {
-    fn drop(&mut self) {
-        // SAFETY: taken once, here, and never used again.
-        let sled = unsafe { ManuallyDrop::take(&mut self.sled) };
-        let (closed, done) = std::sync::mpsc::channel();
-        let closing = std::thread::Builder::new()
-            .name("toolhost-store-close".into())
-            .spawn(move || {
-                drop(sled);
-                let _ = closed.send(());
-            });
-        if closing.is_ok() && done.recv_timeout(CLOSE_WITHIN).is_err() {
-            tracing::error!(
-                "the store did not close within {} s: its disk is failing (full, removed or \
-                 erroring); every acknowledged write was flushed when it was made",
-                CLOSE_WITHIN.as_secs()
-            );
+    /// The value at `key` in `table`.
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.read(table, |t| {
+            Ok(t.get(key).map_err(backend)?.map(|v| v.value().to_vec()))
+        })
+    }
+
+    /// Every entry of `table` whose key starts with `prefix`, in key order.
+    fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.read(table, |t| {
+            let mut entries = Vec::new();
+            for entry in t.range(prefix..).map_err(backend)? {
+                let (key, value) = entry.map_err(backend)?;
+                if !key.value().starts_with(prefix) {
+                    break;
+                }
+                entries.push((key.value().to_vec(), value.value().to_vec()));
+            }
+            Ok(entries)
+        })
+    }
+
+    /// Stores `value` at `key` in `table`.
+    fn put(&self, table: Table, key: &[u8], value: &[u8], commit: Commit) -> Result<()> {
+        self.write(commit, |tx| {
+            tx.open_table(table)?.insert(key, value)?;
+            Ok(())
+        })
+    }
+
+    /// Removes `key` from `table`; whether it was there.
+    fn remove(&self, table: Table, key: &[u8]) -> Result<bool> {
+        self.write(Commit::Durable, |tx| {
+            Ok(tx.open_table(table)?.remove(key)?.is_some())
+        })
+    }
+
+    /// The JSON record at `key`, if any; one that does not parse is a corruption error
+    /// naming it.
+    fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        table: Table,
+        key: &[u8],
+    ) -> Result<Option<T>> {
+        match self.get(table, key)? {
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt(key, e)),
+            None => Ok(None),
         }
     }
 }
 
-/// Every entry that parses. An unreadable one (damaged, or from an incompatible version) is
+fn backend(error: impl Into<redb::Error>) -> StoreError {
+    StoreError::Backend(error.into().to_string())
+}
+
+/// Every record that parses. An unreadable one (damaged, or from an incompatible version) is
 /// logged and left in place, untouched: one bad record must not stop every tenant's tools.
-fn readable_entries(
-    items: impl Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>,
-) -> Result<Vec<ToolEntry>> {
-    let mut entries = Vec::new();
-    for item in items {
-        let (key, value) = item?;
-        match serde_json::from_slice(&value) {
-            Ok(entry) => entries.push(entry),
-            Err(e) => tracing::error!(error = %corrupt(&key, e), "tool record skipped"),
-        }
-    }
-    Ok(entries)
-}
-
-/// The JSON record at `key`, if any; one that does not parse is a corruption error naming it.
-fn get_json<T: serde::de::DeserializeOwned>(tree: &sled::Tree, key: &[u8]) -> Result<Option<T>> {
-    match tree.get(key)? {
-        Some(v) => serde_json::from_slice(&v)
-            .map(Some)
-            .map_err(|e| corrupt(key, e)),
-        None => Ok(None),
-    }
+fn readable<T: serde::de::DeserializeOwned>(
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    what: &str,
+) -> Vec<(Vec<u8>, T)> {
+    entries
+        .into_iter()
+        .filter_map(|(key, value)| match serde_json::from_slice(&value) {
+            Ok(record) => Some((key, record)),
+            Err(e) => {
+                tracing::error!(error = %corrupt(&key, e), "{what} skipped");
+                None
+            }
+        })
+        .collect()
 }
 
 fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
@@ -503,41 +571,52 @@ fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
     }
 }
 
-impl Store for SledStore {
+/// A cached result as stored: its expiry (u64 BE ms), then its JSON.
+fn cache_expiry(stored: &[u8]) -> u64 {
+    stored
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_be_bytes)
+}
+
+impl Store for RedbStore {
     fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
-        readable_entries(self.sled.tools.iter())
+        let entries = self.scan(TOOLS, b"")?;
+        Ok(readable(entries, "tool record")
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect())
     }
 
     fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
-        let prefix = [tenant.as_bytes(), b"\0"].concat();
-        readable_entries(self.sled.tools.scan_prefix(prefix))
+        let entries = self.scan(TOOLS, &[tenant.as_bytes(), b"\0"].concat())?;
+        Ok(readable(entries, "tool record")
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect())
     }
 
     fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {
-        let mut batch = sled::Batch::default();
-        for entry in entries {
-            let value = serde_json::to_vec(entry).expect("an entry serializes");
-            batch.insert(key(&[&entry.tenant, &entry.name]), value);
-        }
-        self.wrote(|| self.sled.tools.apply_batch(batch))?;
-        self.flush()
+        self.write(Commit::Durable, |tx| {
+            let mut tools = tx.open_table(TOOLS)?;
+            for entry in entries {
+                let value = serde_json::to_vec(entry).expect("an entry serializes");
+                tools.insert(&key(&[&entry.tenant, &entry.name])[..], &value[..])?;
+            }
+            Ok(())
+        })
     }
 
     fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool> {
-        let removed = self
-            .wrote(|| self.sled.tools.remove(key(&[tenant, name])))?
-            .is_some();
-        self.flush()?;
-        Ok(removed)
+        self.remove(TOOLS, &key(&[tenant, name]))
     }
 
     fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.sled.blobs.get(sha)?.map(|v| v.to_vec()))
+        self.get(BLOBS, sha.as_bytes())
     }
 
     fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
-        self.wrote(|| self.sled.blobs.insert(sha, bytes))?;
-        self.flush()
+        self.put(BLOBS, sha.as_bytes(), bytes, Commit::Durable)
     }
 
     fn put_component(
@@ -547,101 +626,103 @@ impl Store for SledStore {
         fingerprint: &str,
         artifact: &[u8],
     ) -> Result<()> {
-        self.wrote(|| self.sled.blobs.insert(sha, bytes))?;
-        self.put_artifact(sha, fingerprint, artifact)
+        let stored = [&Sha256::digest(artifact)[..], artifact].concat();
+        self.write(Commit::Durable, |tx| {
+            tx.open_table(BLOBS)?.insert(sha.as_bytes(), bytes)?;
+            let key = format!("{sha}:{fingerprint}");
+            tx.open_table(ARTIFACTS)?
+                .insert(key.as_bytes(), &stored[..])?;
+            Ok(())
+        })
     }
 
     fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>> {
         let key = format!("{sha}:{fingerprint}");
-        let Some(stored) = self.sled.artifacts.get(&key)? else {
+        let Some(mut stored) = self.get(ARTIFACTS, key.as_bytes())? else {
             return Ok(None);
         };
         if stored.len() >= 32 && Sha256::digest(&stored[32..])[..] == stored[..32] {
-            return Ok(Some(stored[32..].to_vec()));
+            return Ok(Some(stored.split_off(32)));
         }
         tracing::warn!(
             component = sha,
             "compiled artifact failed its checksum; recompiling"
         );
-        self.wrote(|| self.sled.artifacts.remove(&key))?;
+        self.remove(ARTIFACTS, key.as_bytes())?;
         Ok(None)
     }
 
     fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()> {
         let stored = [&Sha256::digest(artifact)[..], artifact].concat();
-        self.wrote(|| {
-            self.sled
-                .artifacts
-                .insert(format!("{sha}:{fingerprint}"), stored)
-        })?;
-        self.flush()
+        let key = format!("{sha}:{fingerprint}");
+        self.put(ARTIFACTS, key.as_bytes(), &stored, Commit::Durable)
     }
 
     fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>> {
-        let Some(stored) = self.sled.cache.get(key)? else {
+        let Some(stored) = self.get(CACHE, key)? else {
             return Ok(None);
         };
-        let (expiry, json) = stored.split_at(8.min(stored.len()));
-        let expires_at_ms = u64::from_be_bytes(expiry.try_into().unwrap_or([0; 8]));
-        if cache_expired(expires_at_ms, now_ms) {
-            self.wrote(|| self.sled.cache.remove(key))?;
+        if cache_expired(cache_expiry(&stored), now_ms) {
+            self.remove(CACHE, key)?;
             return Ok(None);
         }
         // A damaged entry is a miss, not an error: the tool can always run again.
-        Ok(serde_json::from_slice(json).ok())
+        Ok(serde_json::from_slice(&stored[8..]).ok())
     }
 
     fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()> {
         let json = serde_json::to_vec(value).expect("a Value serializes");
-        self.wrote(|| {
-            self.sled
-                .cache
-                .insert(key, [&expires_at_ms.to_be_bytes()[..], &json].concat())
-        })?;
-        Ok(())
+        let stored = [&expires_at_ms.to_be_bytes()[..], &json].concat();
+        self.put(CACHE, key, &stored, Commit::Lazy)
     }
 
     fn cache_purge(&self, now_ms: u64) -> Result<usize> {
-        let mut purged = 0;
-        for entry in self.sled.cache.iter() {
-            let (key, stored) = entry?;
-            let expiry = stored.get(..8).and_then(|b| b.try_into().ok());
-            if cache_expired(expiry.map_or(0, u64::from_be_bytes), now_ms) {
-                self.wrote(|| self.sled.cache.remove(key))?;
-                purged += 1;
-            }
+        let expired: Vec<Vec<u8>> = self
+            .scan(CACHE, b"")?
+            .into_iter()
+            .filter(|(_, stored)| cache_expired(cache_expiry(stored), now_ms))
+            .map(|(key, _)| key)
+            .collect();
+        if !expired.is_empty() {
+            self.write(Commit::Durable, |tx| {
+                let mut cache = tx.open_table(CACHE)?;
+                for key in &expired {
+                    cache.remove(&key[..])?;
+                }
+                Ok(())
+            })?;
         }
-        Ok(purged)
+        Ok(expired.len())
     }
 
     fn kv_get(&self, tenant: &str, tool: &str, k: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .sled
-            .kv
-            .get(key(&[tenant, tool, k]))?
-            .map(|v| v.to_vec()))
+        self.get(KV, &key(&[tenant, tool, k]))
     }
 
     fn kv_set(&self, tenant: &str, tool: &str, k: &str, value: &[u8]) -> Result<()> {
-        self.wrote(|| self.sled.kv.insert(key(&[tenant, tool, k]), value))?;
-        self.flush()
+        self.put(KV, &key(&[tenant, tool, k]), value, Commit::Durable)
     }
 
     fn kv_delete(&self, tenant: &str, tool: &str, k: &str) -> Result<bool> {
-        let removed = self
-            .wrote(|| self.sled.kv.remove(key(&[tenant, tool, k])))?
-            .is_some();
-        self.flush()?;
-        Ok(removed)
+        self.remove(KV, &key(&[tenant, tool, k]))
     }
 
     fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize> {
         let prefix = [key(&[tenant, tool]), b"\0".to_vec()].concat();
-        Ok(self.sled.kv.scan_prefix(prefix).count())
+        self.read(KV, |kv| {
+            let mut count = 0;
+            for entry in kv.range(&prefix[..]..).map_err(backend)? {
+                if !entry.map_err(backend)?.0.value().starts_with(&prefix) {
+                    break;
+                }
+                count += 1;
+            }
+            Ok(count)
+        })
     }
 
     fn config_get(&self, tenant: &str, k: &str) -> Result<Option<ConfigValue>> {
-        let stored: Option<ConfigValue> = get_json(&self.sled.config, &key(&[tenant, k]))?;
+        let stored: Option<ConfigValue> = self.get_json(CONFIG, &key(&[tenant, k]))?;
         let Some(mut value) = stored else {
             return Ok(None);
         };
@@ -664,73 +745,55 @@ impl Store for SledStore {
             _ => value,
         };
         let json = serde_json::to_vec(value).expect("a config value serializes");
-        self.wrote(|| self.sled.config.insert(key(&[tenant, k]), json))?;
-        self.flush()
+        self.put(CONFIG, &key(&[tenant, k]), &json, Commit::Durable)
     }
 
     fn config_delete(&self, tenant: &str, k: &str) -> Result<bool> {
-        let removed = self
-            .wrote(|| self.sled.config.remove(key(&[tenant, k])))?
-            .is_some();
-        self.flush()?;
-        Ok(removed)
+        self.remove(CONFIG, &key(&[tenant, k]))
     }
 
     fn config_keys(&self, tenant: &str) -> Result<Vec<String>> {
         let prefix = [tenant.as_bytes(), b"\0"].concat();
-        self.sled
-            .config
-            .scan_prefix(&prefix)
-            .map(|entry| {
-                let (key, _) = entry?;
-                Ok(String::from_utf8_lossy(&key[prefix.len()..]).into_owned())
-            })
-            .collect()
+        let entries = self.scan(CONFIG, &prefix)?;
+        Ok(entries
+            .into_iter()
+            .map(|(key, _)| String::from_utf8_lossy(&key[prefix.len()..]).into_owned())
+            .collect())
     }
 
     fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>> {
-        get_json(&self.sled.policies, tenant.as_bytes())
+        self.get_json(POLICIES, tenant.as_bytes())
     }
 
     fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()> {
         let json = serde_json::to_vec(policy).expect("a policy serializes");
-        self.wrote(|| self.sled.policies.insert(tenant, json))?;
-        self.flush()
+        self.put(POLICIES, tenant.as_bytes(), &json, Commit::Durable)
     }
 
     fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()> {
         let json = serde_json::to_vec(held).expect("a held call serializes");
-        self.wrote(|| self.sled.held_calls.insert(call_id, json))?;
-        self.flush()
+        self.put(HELD_CALLS, call_id.as_bytes(), &json, Commit::Durable)
     }
 
     fn held_call_remove(&self, call_id: &str) -> Result<bool> {
-        let removed = self
-            .wrote(|| self.sled.held_calls.remove(call_id))?
-            .is_some();
-        self.flush()?;
-        Ok(removed)
+        self.remove(HELD_CALLS, call_id.as_bytes())
     }
 
     /// Every record that parses; an unreadable one is logged and left in place.
     fn held_calls(&self) -> Result<Vec<(String, HeldCall)>> {
-        let mut calls = Vec::new();
-        for item in self.sled.held_calls.iter() {
-            let (key, value) = item?;
-            match serde_json::from_slice(&value) {
-                Ok(held) => calls.push((String::from_utf8_lossy(&key).into_owned(), held)),
-                Err(e) => tracing::error!(error = %corrupt(&key, e), "held call skipped"),
-            }
-        }
-        Ok(calls)
+        let entries = self.scan(HELD_CALLS, b"")?;
+        Ok(readable(entries, "held call")
+            .into_iter()
+            .map(|(key, held)| (String::from_utf8_lossy(&key).into_owned(), held))
+            .collect())
     }
 
     fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .sled
-            .search_vectors
-            .get(key)?
-            .map(|bytes| bytes.to_vec()))
+        self.get(SEARCH_VECTORS, key.as_bytes())
+    }
+
+    fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
+        self.put(SEARCH_VECTORS, key.as_bytes(), vector, Commit::Lazy)
     }
 
     fn health(&self) -> std::result::Result<(), String> {
@@ -740,68 +803,60 @@ impl Store for SledStore {
         }
     }
 
-    fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
-        self.wrote(|| self.sled.search_vectors.insert(key, vector))?;
-        Ok(())
-    }
-
     fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
-        let created = self
-            .wrote(|| {
-                self.sled.tenants.compare_and_swap(
-                    tenant,
-                    None as Option<&[u8]>,
-                    Some(&created_at_ms.to_be_bytes()[..]),
-                )
-            })?
-            .is_ok();
-        self.flush()?;
-        Ok(created)
+        self.write(Commit::Durable, |tx| {
+            let mut tenants = tx.open_table(TENANTS)?;
+            if tenants.get(tenant.as_bytes())?.is_some() {
+                return Ok(false);
+            }
+            tenants.insert(tenant.as_bytes(), &created_at_ms.to_be_bytes()[..])?;
+            Ok(true)
+        })
     }
 
     fn tenants(&self) -> Result<Vec<String>> {
-        self.sled
-            .tenants
-            .iter()
-            .keys()
-            .map(|k| Ok(String::from_utf8_lossy(&k?).into_owned()))
-            .collect()
+        let entries = self.scan(TENANTS, b"")?;
+        Ok(entries
+            .into_iter()
+            .map(|(key, _)| String::from_utf8_lossy(&key).into_owned())
+            .collect())
     }
 
     fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()> {
         let json = serde_json::to_vec(record).expect("a key record serializes");
-        self.wrote(|| self.sled.keys.insert(key_hash, json))?;
-        self.flush()
+        self.put(KEYS, key_hash.as_bytes(), &json, Commit::Durable)
     }
 
     fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>> {
-        get_json(&self.sled.keys, key_hash.as_bytes())
+        self.get_json(KEYS, key_hash.as_bytes())
     }
 
     fn keys(&self) -> Result<Vec<KeyRecord>> {
-        self.sled
-            .keys
-            .iter()
-            .map(|item| {
-                let (key, value) = item?;
-                serde_json::from_slice(&value).map_err(|e| corrupt(&key, e))
-            })
+        self.scan(KEYS, b"")?
+            .into_iter()
+            .map(|(key, value)| serde_json::from_slice(&value).map_err(|e| corrupt(&key, e)))
             .collect()
     }
 
     fn key_revoke(&self, id: &str) -> Result<bool> {
-        let mut revoked = false;
-        for item in self.sled.keys.iter() {
-            let (hash, value) = item?;
+        let mut hashes = Vec::new();
+        for (hash, value) in self.scan(KEYS, b"")? {
             let record: KeyRecord =
                 serde_json::from_slice(&value).map_err(|e| corrupt(&hash, e))?;
             if record.id == id {
-                self.wrote(|| self.sled.keys.remove(hash))?;
-                revoked = true;
+                hashes.push(hash);
             }
         }
-        self.flush()?;
-        Ok(revoked)
+        if hashes.is_empty() {
+            return Ok(false);
+        }
+        self.write(Commit::Durable, |tx| {
+            let mut keys = tx.open_table(KEYS)?;
+            for hash in &hashes {
+                keys.remove(&hash[..])?;
+            }
+            Ok(true)
+        })
     }
 }
 
@@ -845,7 +900,7 @@ mod tests {
         let data = dir.path().join("data");
         std::fs::create_dir(&data).unwrap();
         std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let store = SledStore::open(&data, 1 << 20).unwrap();
+        let store = RedbStore::open(&data, 1 << 20).unwrap();
         let mode = std::fs::metadata(&data).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700, "{mode:o}");
         drop(store);
@@ -853,7 +908,7 @@ mod tests {
 
     #[test]
     fn a_damaged_artifact_is_refused_and_dropped() {
-        let store = SledStore::temporary().unwrap();
+        let store = RedbStore::temporary().unwrap();
         store
             .put_component("abc", b"blob", "fp", b"machine code")
             .unwrap();
@@ -862,42 +917,39 @@ mod tests {
             Some(&b"machine code"[..])
         );
         assert_eq!(store.artifact("abc", "other-engine").unwrap(), None);
-        let mut stored = store
-            .sled
-            .artifacts
-            .get("abc:fp")
-            .unwrap()
-            .unwrap()
-            .to_vec();
+        let mut stored = store.get(ARTIFACTS, b"abc:fp").unwrap().unwrap();
         *stored.last_mut().unwrap() ^= 1;
-        store.sled.artifacts.insert("abc:fp", stored).unwrap();
+        store
+            .put(ARTIFACTS, b"abc:fp", &stored, Commit::Durable)
+            .unwrap();
         assert_eq!(store.artifact("abc", "fp").unwrap(), None);
-        assert!(store.sled.artifacts.get("abc:fp").unwrap().is_none());
+        assert!(store.get(ARTIFACTS, b"abc:fp").unwrap().is_none());
         assert_eq!(store.blob("abc").unwrap().as_deref(), Some(&b"blob"[..]));
     }
 
     #[test]
     fn a_second_process_gets_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        let _first = SledStore::open(dir.path(), 1 << 20).unwrap();
-        let second = SledStore::open(dir.path(), 1 << 20).err().expect("locked");
+        let _first = RedbStore::open(dir.path(), 1 << 20).unwrap();
+        let second = RedbStore::open(dir.path(), 1 << 20).err().expect("locked");
         assert!(matches!(second, StoreError::Locked { .. }), "{second}");
     }
 
     #[test]
     fn cached_results_expire() {
-        let store = SledStore::temporary().unwrap();
+        let store = RedbStore::temporary().unwrap();
         store.cache_put(b"k", 1_000, &json!({"a": 1})).unwrap();
         store.cache_put(b"old", 10, &json!(1)).unwrap();
         assert_eq!(store.cache_get(b"k", 999).unwrap(), Some(json!({"a": 1})));
         assert_eq!(store.cache_purge(500).unwrap(), 1);
         assert_eq!(store.cache_get(b"k", 1_000).unwrap(), None);
-        assert_eq!(store.sled.cache.len(), 0, "an expired read drops the entry");
+        let left = store.scan(CACHE, b"").unwrap();
+        assert!(left.is_empty(), "an expired read drops the entry");
     }
 
     #[test]
     fn kv_and_config_are_scoped_by_tenant() {
-        let store = SledStore::temporary().unwrap();
+        let store = RedbStore::temporary().unwrap();
         store.kv_set("a", "tool", "k", b"1").unwrap();
         store.kv_set("a", "tool", "k2", b"2").unwrap();
         store.kv_set("ab", "tool", "k", b"3").unwrap();
@@ -921,7 +973,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_tool_record_is_skipped_not_fatal() {
-        let store = SledStore::temporary().unwrap();
+        let store = RedbStore::temporary().unwrap();
         let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
         let mut entry = ToolEntry {
             tenant: "a".into(),
@@ -931,20 +983,14 @@ mod tests {
         };
         entry.push(SourceKind::Wasm, spec, "sha".into(), 1);
         store.put_tool_entries(&[entry.clone()]).unwrap();
+        let broken = key(&["a", "broken"]);
         store
-            .sled
-            .tools
-            .insert(key(&["a", "broken"]), &b"{not an entry"[..])
+            .put(TOOLS, &broken, b"{not an entry", Commit::Durable)
             .unwrap();
         assert_eq!(store.tool_entries().unwrap(), vec![entry.clone()]);
         assert_eq!(store.tool_entries_of("a").unwrap(), vec![entry]);
         assert!(
-            store
-                .sled
-                .tools
-                .get(key(&["a", "broken"]))
-                .unwrap()
-                .is_some(),
+            store.get(TOOLS, &broken).unwrap().is_some(),
             "left in place"
         );
     }

@@ -17,6 +17,11 @@ struct Busy {
     ms: u64,
 }
 
+/// Returns its key, writing nothing.
+fn echo(args: Key, _: &Context) -> Result<String, ToolError> {
+    Ok(args.key)
+}
+
 /// Increments a counter kept in KV and returns its new value.
 fn count(args: Key, _: &Context) -> Result<u64, ToolError> {
     let current = kv::get(&args.key)
@@ -180,6 +185,12 @@ export_tools!(
         "count_cached",
         "Increments a counter; results cached by key.",
         count
+    )
+    .cache(60_000, "$.key"),
+    Tool::new(
+        "echo_cached",
+        "Returns its key; results cached by key.",
+        echo
     )
     .cache(60_000, "$.key"),
     Tool::new("secret_leak", "Tries to leak a secret.", secret_leak)
