@@ -184,29 +184,52 @@ struct Server {
 
 impl Server {
     fn start(data: &Path, artifacts: &Path, envs: &[(&str, &std::ffi::OsStr)]) -> Server {
+        Self::start_under(&[], data, artifacts, envs).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`Server::start`], run by the command `prefix` (such as `fiu-run` and its options);
+    /// a server that exits before it listens is an error with its exit status and log.
+    fn start_under(
+        prefix: &[String],
+        data: &Path,
+        artifacts: &Path,
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Server, String> {
         let addr = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        let toolhost = env!("CARGO_BIN_EXE_toolhost").to_owned();
+        let (program, args) = match prefix.split_first() {
+            Some((program, args)) => (program, [args, &[toolhost]].concat()),
+            None => (&toolhost, vec![]),
+        };
+        let log_path = data.with_extension("serve.log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut child = Command::new(program)
+            .args(args)
             .env("TOOLHOST_ARTIFACT_DIR", artifacts)
             .envs(envs.iter().copied())
             .arg("--data-dir")
             .arg(data)
             .args(["serve", "--listen", &addr.to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap();
         let ready = Instant::now();
         while std::net::TcpStream::connect(addr).is_err() {
+            if let Some(status) = child.try_wait().unwrap() {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                return Err(format!("serve exited ({status}) before it listened: {log}"));
+            }
             assert!(
                 ready.elapsed() < Duration::from_secs(20),
                 "serve did not start"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Server { child, addr }
+        Ok(Server { child, addr })
     }
 
     /// Stops it with SIGTERM, as an operator would; it must be gone within 15 s.
@@ -424,13 +447,9 @@ fn clock_jumps_neither_expire_cached_results_early_nor_keep_them_forever() {
     assert_eq!(count_at("2029-06-01 00:00:00"), Some(4), "not kept forever");
 }
 
-/// The CLI under Debian's `fiu-run`, with each of the store's reads, writes and syncs failing
-/// with `probability`; `None` where there is no `fiu-run` (under CI, the test fails instead).
-fn toolhost_with_io_errors(
-    probability: f64,
-    data: &Path,
-    args: &[&str],
-) -> Option<(Option<i32>, String, Duration)> {
+/// `fiu-run` (Debian's `fiu-utils`) failing each of the store's reads, writes and syncs with
+/// `probability`, as a command prefix; `None` where it is missing (under CI, the test fails).
+fn fiu_run(probability: f64) -> Option<Vec<String>> {
     if let Err(e) = Command::new("fiu-run").arg("-h").output() {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -439,19 +458,31 @@ fn toolhost_with_io_errors(
         eprintln!("skipped: no fiu-run ({e})");
         return None;
     }
-    let mut command = Command::new("fiu-run");
-    command.arg("-x");
+    let mut prefix = vec!["fiu-run".to_owned(), "-x".to_owned()];
     for point in [
         "posix/io/rw/pread*",
         "posix/io/rw/pwrite*",
         "posix/io/sync/*",
     ] {
-        command.arg("-c").arg(format!(
+        prefix.push("-c".to_owned());
+        prefix.push(format!(
             "enable_random name={point},probability={probability}"
         ));
     }
+    Some(prefix)
+}
+
+/// The CLI under [`fiu_run`].
+fn toolhost_with_io_errors(
+    probability: f64,
+    data: &Path,
+    args: &[&str],
+) -> Option<(Option<i32>, String, Duration)> {
+    let prefix = fiu_run(probability)?;
     let cli = cli(data, args);
+    let mut command = Command::new(&prefix[0]);
     command
+        .args(&prefix[1..])
         .arg(cli.get_program())
         .args(cli.get_args())
         .envs(cli.get_envs().filter_map(|(k, v)| Some((k, v?))));
@@ -611,5 +642,88 @@ fn clock_jumps_under_a_running_server_expire_nothing_early_and_keep_nothing_fore
         !pending(&second),
         "back four hours, more than its hour: not kept forever"
     );
+    server.stop();
+}
+
+/// The data directory is removed under a running server (an operator's slip, or its disk
+/// unmounted): writes are refused with the reason instead of going to a file that no restart
+/// will find, `/healthz` says so at once, and calls go on.
+#[test]
+fn a_server_whose_data_directory_is_removed_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key = tenant(&data, "acme", "{}", &["probe"]);
+    let server = Server::start(&data, crate::plugins::artifact_dir(), &[]);
+    let addr = server.addr;
+    std::fs::remove_dir_all(&data).unwrap();
+    let (status, body) = http(addr, "GET", "/healthz", &key, b"");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("was removed"), "{body}");
+    let (status, body) = http(
+        addr,
+        "PUT",
+        "/v1/config/REGION",
+        &key,
+        br#"{"value": "eu"}"#,
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("storage_unavailable"), "{body}");
+    let echoed = call(addr, &key, "echo_cached", r#"{"key": "hi"}"#);
+    assert_eq!(echoed["result"], "hi", "{echoed}");
+    server.stop();
+}
+
+/// `serve` under random I/O errors (2 % of the store's reads, writes and syncs failing):
+/// every request is answered in time with success or a typed 503, the server lives on and
+/// stops on SIGTERM, and a restart finds every acknowledged configuration value.
+#[test]
+fn a_server_under_random_io_errors_answers_every_request_and_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key = tenant(&data, "acme", "{}", &["probe"]);
+    let Some(prefix) = fiu_run(0.02) else {
+        return;
+    };
+    // Opening can fail on an injected read error too: that is an error exit, said clearly.
+    let server = (0..10)
+        .find_map(|_| {
+            Server::start_under(&prefix, &data, crate::plugins::artifact_dir(), &[])
+                .inspect_err(|e| {
+                    assert!(e.contains("exit status: 1") && e.contains("error: "), "{e}")
+                })
+                .ok()
+        })
+        .expect("serve starts within 10 tries");
+    let addr = server.addr;
+    let (mut acknowledged, mut refused) = (Vec::new(), 0);
+    for i in 0..40 {
+        let (path, body) = if i % 2 == 0 {
+            let body = format!(r#"{{"value": "v{i}"}}"#);
+            (format!("/v1/config/K{i}"), body)
+        } else {
+            let body = format!(r#"{{"arguments": {{"key": "k{i}"}}}}"#);
+            ("/v1/tools/echo_cached/call".to_owned(), body)
+        };
+        let method = if i % 2 == 0 { "PUT" } else { "POST" };
+        let (status, answer) = http(addr, method, &path, &key, body.as_bytes());
+        match status {
+            204 => acknowledged.push(format!(r#""key":"K{i}""#)),
+            200 => assert!(answer.contains(&format!(r#""result":"k{i}""#)), "{answer}"),
+            503 => {
+                assert!(answer.contains("storage_unavailable"), "{answer}");
+                refused += 1;
+            }
+            _ => panic!("`{method} {path}` answered {status}: {answer}"),
+        }
+    }
+    eprintln!("{refused} of 40 requests refused on an injected I/O error");
+    server.stop();
+
+    let server = Server::start(&data, crate::plugins::artifact_dir(), &[]);
+    let (status, listed) = http(server.addr, "GET", "/v1/config", &key, b"");
+    assert_eq!(status, 200, "{listed}");
+    for value in &acknowledged {
+        assert!(listed.contains(value.as_str()), "{value} lost: {listed}");
+    }
     server.stop();
 }

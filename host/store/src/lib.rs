@@ -23,7 +23,7 @@
 
 mod sealed;
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -360,6 +360,37 @@ pub struct RedbStore {
     failing: Mutex<Option<String>>,
     /// Commits without a sync since the last synced one.
     lazy_commits: AtomicU32,
+    /// The store's file as opened: a write checks that it is still the one at its path.
+    file: Option<OpenedFile>,
+}
+
+/// A file by path and identity.
+struct OpenedFile {
+    path: std::path::PathBuf,
+    id: (u64, u64),
+}
+
+impl OpenedFile {
+    fn new(path: std::path::PathBuf) -> std::io::Result<Self> {
+        let meta = std::fs::metadata(&path)?;
+        Ok(OpenedFile {
+            id: (meta.dev(), meta.ino()),
+            path,
+        })
+    }
+
+    /// Why the file at the path is no longer this one, if it is not. Writes to a file whose
+    /// directory was removed would succeed and be lost at the next start.
+    fn gone(&self) -> Option<String> {
+        match std::fs::metadata(&self.path) {
+            Ok(meta) if (meta.dev(), meta.ino()) == self.id => None,
+            _ => Some(format!(
+                "the store's file {} was removed or replaced (its data directory removed or \
+                 unmounted?) while this process had it open",
+                self.path.display()
+            )),
+        }
+    }
 }
 
 /// Whether a write must be on disk when it returns.
@@ -404,9 +435,11 @@ impl RedbStore {
         }
         let db = redb::Database::builder()
             .set_cache_size(usize::try_from(cache_bytes).unwrap_or(usize::MAX))
-            .create(file)
+            .create(&file)
             .map_err(|e| fail(&e))?;
-        Self::from_db(db, Some(lock))
+        let mut store = Self::from_db(db, Some(lock))?;
+        store.file = Some(OpenedFile::new(file).map_err(|e| fail(&e))?);
+        Ok(store)
     }
 
     /// A store that lives only as long as this value, in memory.
@@ -424,6 +457,7 @@ impl RedbStore {
             _lock: lock,
             failing: Mutex::new(None),
             lazy_commits: AtomicU32::new(0),
+            file: None,
         };
         // Every table exists from the start, so that a read never meets a missing one.
         store.write(Commit::Durable, |tx| {
@@ -443,21 +477,16 @@ impl RedbStore {
     }
 
     /// Runs `write` in one transaction and commits it: all of it is stored, or none. Once a
-    /// write has failed, none is tried again in this process (the disk is full or failing:
-    /// a restart once it is fixed recovers, with every acknowledged write).
+    /// write has failed, or the file is gone, none is tried again in this process (the disk is
+    /// full or failing: a restart once it is fixed recovers, with every acknowledged write).
     fn write<T>(
         &self,
         commit: Commit,
         write: impl FnOnce(&redb::WriteTransaction) -> std::result::Result<T, redb::Error>,
     ) -> Result<T> {
-        let failed = self
-            .failing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(reason) = failed {
+        if let Err(reason) = self.health() {
             return Err(StoreError::Backend(format!(
-                "{reason} (earlier; this process takes no more writes: restart it once the disk is fixed)"
+                "{reason} (this process takes no more writes: restart it once the disk is fixed)"
             )));
         }
         let lazy = commit == Commit::Lazy
@@ -797,7 +826,14 @@ impl Store for RedbStore {
     }
 
     fn health(&self) -> std::result::Result<(), String> {
-        match &*self.failing.lock().unwrap_or_else(|p| p.into_inner()) {
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        if failing.is_none()
+            && let Some(reason) = self.file.as_ref().and_then(OpenedFile::gone)
+        {
+            tracing::error!(%reason, "the store cannot write to its disk");
+            *failing = Some(reason);
+        }
+        match &*failing {
             None => Ok(()),
             Some(reason) => Err(reason.clone()),
         }
