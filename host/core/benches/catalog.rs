@@ -1,11 +1,12 @@
 //! Memory with a large catalog: `cargo bench -p toolhost --bench catalog`.
 //!
-//! 1 000 tenants with 10 tools each (10 000 tools) over 103 distinct components: every tenant
-//! installs `json_query`, `unit_convert` and `probe` (shared) and one of 100 builds of
-//! `text_stats`. Then, in a fresh process per row (so that memory freed by the install phase
-//! does not count), the store is opened and one tool of every tenant is called: with 16 loaded
-//! components and a 16 MiB store cache, and, as the peer, with neither capped (the store's
-//! cache at 1 GiB).
+//! 1 000 tenants over 103 distinct components: every tenant installs `json_query`,
+//! `unit_convert` and `probe` (shared) and one of 100 builds of `text_stats`, so each has as
+//! many tools as those components offer (the bench prints the total). Then, in a fresh process
+//! per row (so that memory freed by the install phase does not count), the store is opened and
+//! one tool of every tenant is called: with 16 loaded components and a 16 MiB store cache,
+//! and, as the peer, with neither capped (the store's cache at 1 GiB). The rows are printed as
+//! the Markdown table in BENCHMARKS.md.
 
 #[path = "../../../tests/it/plugins.rs"]
 #[allow(dead_code)] // not every user of the helpers needs all of them
@@ -51,7 +52,8 @@ fn main() {
     }
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(populate(dir.path()));
-    println!("{:<58} {:>9} {:>9} {:>7}", "", "RSS MiB", "loaded", "ms");
+    // Markdown, as BENCHMARKS.md shows it.
+    println!("| moment | RSS MiB | components loaded | ms |\n| --- | --- | --- | --- |");
     for cap in [16, 100_000] {
         let out = Command::new(std::env::current_exe().unwrap())
             .arg("--measure")
@@ -103,20 +105,18 @@ async fn measure(dir: &Path, cap: usize) {
     .unwrap();
     let open_ms = start.elapsed().as_secs_f64() * 1e3;
     let label = if cap > TENANTS {
-        "no caps (store cache 1 GiB)".to_string()
+        "peer, same run: no cap, store cache 1 GiB".to_string()
     } else {
-        format!("{cap} loaded, store cache 16 MiB")
+        format!("cap {cap} loaded components, store cache 16 MiB")
     };
+    let after_open = rss_mib();
+    let tools: usize = (0..TENANTS)
+        .map(|t| host.list(&format!("tenant-{t:04}")).len())
+        .sum();
+    println!("| {label}: process before opening the store | {before:.1} | – | – |");
     println!(
-        "{:<58} {:>9.1} {:>9} {:>7}",
-        "process before open", before, "-", "-"
-    );
-    println!(
-        "{:<58} {:>9.1} {:>9} {:>7.0}",
-        "after open (10 000 tools in the catalog)",
-        rss_mib(),
+        "| {label}: after open, {tools} tools in the catalog, schemas compiled | {after_open:.1} | {} | {open_ms:.0} |",
         host.loaded_components(),
-        open_ms
     );
     for pass in ["first", "second"] {
         let start = Instant::now();
@@ -128,12 +128,10 @@ async fn measure(dir: &Path, cap: usize) {
             assert!(out.result.is_ok(), "{:?}", out.result);
         }
         let ms = start.elapsed().as_secs_f64() * 1e3;
-        let row = format!("{pass} call in each tenant: {label}");
         println!(
-            "{row:<58} {:>9.1} {:>9} {:>7.0}",
+            "| {label}: {pass} call in each tenant | {:.1} | {} | {ms:.0} |",
             rss_mib(),
             host.loaded_components(),
-            ms
         );
     }
 }

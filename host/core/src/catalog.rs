@@ -2,6 +2,7 @@
 //! versions, rollback, removal, listing, and resolving a name for a call. Each tenant's tools
 //! are kept in memory, rebuilt from the store at start, beside the app's native tools.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -28,6 +29,30 @@ pub struct JsSource {
     pub runtime: String,
     /// The tool's JavaScript.
     pub source: String,
+}
+
+/// Forgets the blobs that no kept version of any tool implements: those of removed tools
+/// and of versions past [`toolhost_store::MAX_VERSIONS_KEPT`]. A JS tool keeps the runtime it
+/// was installed on, and the host keeps the one it runs new JS tools on. Run as the host
+/// opens, before any install can race it.
+fn collect_blobs(store: &dyn Store, js_runtime: Option<&str>) -> Result<(), StoreError> {
+    let mut live: HashSet<String> = js_runtime.map(str::to_owned).into_iter().collect();
+    for entry in store.tool_entries()? {
+        for version in entry.versions {
+            if version.kind == SourceKind::Js
+                && let Some(blob) = store.blob(&version.component)?
+                && let Ok(js) = serde_json::from_slice::<JsSource>(&blob)
+            {
+                live.insert(js.runtime);
+            }
+            live.insert(version.component);
+        }
+    }
+    let collected = store.collect_blobs(&|sha| live.contains(sha))?;
+    if collected > 0 {
+        tracing::info!(collected, "blobs no tool refers to any more removed");
+    }
+    Ok(())
 }
 
 /// Where a tool's code comes from.
@@ -147,6 +172,7 @@ impl Catalog {
             }
             None => None,
         };
+        collect_blobs(&*store, js_runtime.as_deref())?;
         let tools = TenantTools::default();
         for entry in store.tool_entries()? {
             match tenant_tool(&entry) {

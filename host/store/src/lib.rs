@@ -213,6 +213,9 @@ pub trait Store: Send + Sync {
     fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>>;
     /// Replaces a compiled artifact (one compiled again after the last was dropped).
     fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()>;
+    /// Removes every blob that `live` does not keep, with its compiled artifacts; returns how
+    /// many. Removes nothing while a tool record is unreadable: what it refers to is unknown.
+    fn collect_blobs(&self, live: &dyn Fn(&str) -> bool) -> Result<usize>;
 
     /// A cached result, unless it expired by `now_ms`.
     fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>>;
@@ -685,6 +688,54 @@ impl Store for RedbStore {
         let stored = [&Sha256::digest(artifact)[..], artifact].concat();
         let key = format!("{sha}:{fingerprint}");
         self.put(ARTIFACTS, key.as_bytes(), &stored, Commit::Durable)
+    }
+
+    fn collect_blobs(&self, live: &dyn Fn(&str) -> bool) -> Result<usize> {
+        let unreadable = self
+            .scan(TOOLS, b"")?
+            .iter()
+            .filter(|(_, value)| serde_json::from_slice::<ToolEntry>(value).is_err())
+            .count();
+        if unreadable > 0 {
+            tracing::warn!(unreadable, "tool records unreadable: no blob collected");
+            return Ok(0);
+        }
+        let dead: Vec<String> = self
+            .read(BLOBS, |blobs| {
+                let mut shas = Vec::new();
+                for entry in blobs.iter().map_err(backend)? {
+                    shas.push(
+                        String::from_utf8_lossy(entry.map_err(backend)?.0.value()).into_owned(),
+                    );
+                }
+                Ok(shas)
+            })?
+            .into_iter()
+            .filter(|sha| !live(sha))
+            .collect();
+        if dead.is_empty() {
+            return Ok(0);
+        }
+        let artifacts: Vec<Vec<u8>> = dead
+            .iter()
+            .map(|sha| self.scan(ARTIFACTS, format!("{sha}:").as_bytes()))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .map(|(key, _)| key)
+            .collect();
+        self.write(Commit::Durable, |tx| {
+            let mut blobs = tx.open_table(BLOBS)?;
+            for sha in &dead {
+                blobs.remove(sha.as_bytes())?;
+            }
+            let mut stored = tx.open_table(ARTIFACTS)?;
+            for key in &artifacts {
+                stored.remove(&key[..])?;
+            }
+            Ok(())
+        })?;
+        Ok(dead.len())
     }
 
     fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>> {

@@ -68,6 +68,24 @@ fn kv_flood(_: NoArgs, _: &Context) -> Result<Value, ToolError> {
 }
 
 #[derive(Deserialize, JsonSchema)]
+struct Rewrites {
+    times: u32,
+}
+
+/// Stores 1 MiB (16 values of 64 KiB), then overwrites one small key `times` times: the
+/// write pattern that once grew the data directory by hundreds of MiB.
+fn kv_rewrite(args: Rewrites, _: &Context) -> Result<Value, ToolError> {
+    let big = vec![b'x'; 64 * 1024];
+    for i in 0..16 {
+        kv::set(&format!("big{i}"), &big).map_err(ToolError::failed)?;
+    }
+    for i in 0..args.times {
+        kv::set("small", &u64::from(i).to_be_bytes()).map_err(ToolError::failed)?;
+    }
+    Ok(json!({"rewrites": args.times}))
+}
+
+#[derive(Deserialize, JsonSchema)]
 struct PathArg {
     path: String,
 }
@@ -202,6 +220,11 @@ export_tools!(
     )
     .config(&["REGION"]),
     Tool::new("kv_flood", "Fills KV until refused.", kv_flood),
+    Tool::new(
+        "kv_rewrite",
+        "Stores 1 MiB, then rewrites a key.",
+        kv_rewrite
+    ),
     Tool::new("busy", "Busy for some milliseconds.", busy),
     Tool::new("fs_read", "Reads a file as text.", fs_read),
     Tool::new("fs_write", "Writes text to a file.", fs_write),
