@@ -366,3 +366,44 @@ async fn the_python_sdk_lists_and_calls_over_stdio() {
     next_step(&mut lines, "closed").await;
     assert!(child.wait().await.unwrap().success());
 }
+
+/// `notifications/cancelled`, sent by the official client when its call is aborted, stops the
+/// running call: its outcome is `cancelled`, and with `max_concurrent: 1` the tenant's next
+/// call runs at once, which it could not while the first (20 s of busy work) still ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_client_cancels_stops_running() {
+    let Served {
+        host,
+        key,
+        url,
+        stop,
+        server,
+    } = served().await;
+    host.install("acme", plugin("probe")).await.unwrap();
+    let policy = serde_json::from_value(json!({"max_concurrent": 1})).unwrap();
+    host.set_policy("acme", policy).unwrap();
+    let out = Command::new("node")
+        .arg("cancel.mjs")
+        .args([&url, &key])
+        .current_dir(client_dir())
+        .output()
+        .await
+        .expect("node is installed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(report["aborted"].is_string(), "{report}");
+    assert_eq!(report["next"]["isError"], false, "{report}");
+    assert!(report["nextAfterMs"].as_u64().unwrap() < 10_000, "{report}");
+    let metrics = host.metrics().render();
+    assert!(
+        metrics.contains("toolhost_calls_total{outcome=\"cancelled\"} 1\n"),
+        "{metrics}"
+    );
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 use toolhost_sandbox::Sandbox;
 use toolhost_spec::access::Role;
 use toolhost_spec::call::{CallOutcome, Caller};
@@ -261,7 +262,24 @@ impl Host {
     /// Calls `name` for `caller` with JSON `args`. Never panics: every failure is an outcome.
     pub async fn call(&self, caller: &Caller, name: &str, args: Value) -> CallOutcome {
         self.pipeline
-            .call(caller, name, args, None, Budget::TOP)
+            .call(caller, name, args, None, Budget::TOP, None)
+            .await
+    }
+
+    /// As [`Host::call`], until `cancel` fires (an MCP client's `notifications/cancelled`, a
+    /// client gone): then the call stops where it is, waiting for its turn or running, its
+    /// instance dropped, and ends [`CallError::Cancelled`].
+    ///
+    /// [`CallError::Cancelled`]: toolhost_spec::CallError::Cancelled
+    pub async fn call_cancellable(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        cancel: &CancellationToken,
+    ) -> CallOutcome {
+        self.pipeline
+            .call(caller, name, args, None, Budget::TOP, Some(cancel))
             .await
     }
 

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
 use toolhost_sandbox::{Helpers, NestedCall, NestedReply};
 use toolhost_spec::call::{CallContext, CallError, CallOutcome, Caller};
 use toolhost_spec::clip::clip;
@@ -85,7 +86,7 @@ impl Pipeline {
         };
         let (caller, tool) = (&pending.caller, &pending.tool);
         Ok(self
-            .call(caller, tool, pending.args, Some(call_id), approved)
+            .call(caller, tool, pending.args, Some(call_id), approved, None)
             .await)
     }
 
@@ -122,6 +123,7 @@ impl Pipeline {
         args: Value,
         call_id: Option<&str>,
         budget: Budget,
+        cancel: Option<&CancellationToken>,
     ) -> CallOutcome {
         let started = Instant::now();
         let ctx = CallContext {
@@ -135,7 +137,8 @@ impl Pipeline {
         let helpers = Helpers::for_call(self.store.clone(), &ctx.tenant, name, config_keys);
         let mut outcome = CallOutcome::new(ctx.call_id.clone(), ctx.tool.clone());
         if let Some(tool) = &resolved {
-            self.admit_and_run(tool, args, &helpers, &ctx, budget, &mut outcome)
+            let run = (budget, cancel);
+            self.admit_and_run(tool, args, &helpers, &ctx, run, &mut outcome)
                 .await;
         }
         outcome.log = helpers.snapshot();
@@ -173,7 +176,7 @@ impl Pipeline {
         args: Value,
         helpers: &Helpers,
         ctx: &CallContext,
-        budget: Budget,
+        (budget, cancel): (Budget, Option<&CancellationToken>),
         outcome: &mut CallOutcome,
     ) {
         let spec = tool.spec();
@@ -221,14 +224,33 @@ impl Pipeline {
             });
         } else if needs_approval {
             outcome.result = Err(self.hold(ctx, &spec.name, args.clone()));
-        } else if let Some((first, _place)) = self
-            .enter_share(tool, ctx, policy.share_weight, budget, outcome)
-            .await
-        {
-            // `_place` holds the call tree's place in its tenant's share until the run ends.
-            let call = (helpers, ctx, &*policy);
-            self.run(tool, args.clone(), call, (first, budget), outcome)
-                .await;
+        } else {
+            let run = async {
+                if let Some((first, _place)) = self
+                    .enter_share(tool, ctx, policy.share_weight, budget, outcome)
+                    .await
+                {
+                    // `_place` holds the call tree's place in its tenant's share until the
+                    // run ends.
+                    let call = (helpers, ctx, &*policy);
+                    self.run(tool, args.clone(), call, (first, budget), outcome)
+                        .await;
+                }
+            };
+            // Cancelled, the run is dropped where it is: its instance with it.
+            let cancelled = match cancel {
+                Some(cancel) => tokio::select! {
+                    () = run => false,
+                    () = cancel.cancelled() => true,
+                },
+                None => {
+                    run.await;
+                    false
+                }
+            };
+            if cancelled {
+                outcome.result = Err(CallError::Cancelled);
+            }
         }
         for hook in &hooks {
             hook.after(&hook_call, outcome);
@@ -440,7 +462,10 @@ impl Pipeline {
                 fuel: Some(nested.fuel),
                 approved: false,
             };
-            let outcome = self.call(&caller, &nested.tool, args, None, inner).await;
+            // A cancelled parent drops this call with it.
+            let outcome = self
+                .call(&caller, &nested.tool, args, None, inner, None)
+                .await;
             NestedReply {
                 result: match outcome.result {
                     Ok(value) => Ok(value.to_string()),

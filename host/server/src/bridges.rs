@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 use toolhost::schema::{ArgError, ArgsValidator};
 use toolhost::{CallError, CallOutcome, Caller, Host, Store, ToolSpec};
 use toolhost_search::{Index, SentenceEncoder, ToolVectors, VectorCache};
@@ -176,6 +177,19 @@ impl Disclosure {
 
     /// Calls `name`: a bridge, or any tool through the host.
     pub async fn call(&self, caller: &Caller, name: &str, args: Value) -> Result<Value, CallError> {
+        self.call_cancellable(caller, name, args, &CancellationToken::new())
+            .await
+    }
+
+    /// As [`Disclosure::call`], until `cancel` fires: the tool call stops where it is and
+    /// ends [`CallError::Cancelled`].
+    pub async fn call_cancellable(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+        cancel: &CancellationToken,
+    ) -> Result<Value, CallError> {
         if let Some(validator) = self.bridge_args.get(name) {
             validator
                 .validate(&args)
@@ -240,11 +254,14 @@ impl Disclosure {
                 }
                 let outcome: CallOutcome = self
                     .host
-                    .call(caller, target, args["arguments"].clone())
+                    .call_cancellable(caller, target, args["arguments"].clone(), cancel)
                     .await;
                 outcome.result
             }
-            _ => self.host.call(caller, name, args).await.result,
+            _ => {
+                let outcome = self.host.call_cancellable(caller, name, args, cancel);
+                outcome.await.result
+            }
         }
     }
 

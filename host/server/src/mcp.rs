@@ -166,7 +166,7 @@ impl ServerHandler for McpServer {
         let args = Value::Object(request.arguments.unwrap_or_default());
         let result = match self
             .disclosure
-            .call(&Caller::tenant(tenant), &name, args)
+            .call_cancellable(&Caller::tenant(tenant), &name, args, &context.ct)
             .await
         {
             Ok(value) => {

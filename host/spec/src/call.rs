@@ -152,6 +152,10 @@ pub enum CallError {
         /// The approver's reason.
         reason: String,
     },
+    /// The caller cancelled the call (an MCP `notifications/cancelled`): it was stopped
+    /// where it was, its instance dropped.
+    #[error("cancelled by the caller")]
+    Cancelled,
     /// The tenant is over a rate or concurrency limit of its policy; other tenants are not.
     #[error("rate limited: {message}")]
     RateLimited {
@@ -189,6 +193,7 @@ impl CallError {
             CallError::Denied { .. } => "denied",
             CallError::ApprovalRequired { .. } => "approval_required",
             CallError::Rejected { .. } => "rejected",
+            CallError::Cancelled => "cancelled",
             CallError::RateLimited { .. } => "rate_limited",
         }
     }
