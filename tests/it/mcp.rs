@@ -204,7 +204,10 @@ async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() 
 
 /// `toolhost mcp` for tenant `acme` (with `text_stats` installed), driven by the official
 /// client over stdio; the data directory lives as long as the returned guard.
-async fn stdio_client(extra: &[&str]) -> (tempfile::TempDir, Child, Lines<BufReader<ChildStdout>>) {
+async fn stdio_client(
+    extra: &[&str],
+    wait_for_change: bool,
+) -> (tempfile::TempDir, Child, Lines<BufReader<ChildStdout>>) {
     let data = tempfile::tempdir().unwrap();
     {
         let host = Host::open(HostConfig {
@@ -214,7 +217,11 @@ async fn stdio_client(extra: &[&str]) -> (tempfile::TempDir, Child, Lines<BufRea
         .unwrap();
         host.install("acme", plugin("text_stats")).await.unwrap();
     }
-    let mut child = Command::new("node")
+    let mut client = Command::new("node");
+    if wait_for_change {
+        client.env("WAIT_FOR_CHANGE", "1");
+    }
+    let mut child = client
         .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
         .arg("client.mjs")
         .args([
@@ -235,7 +242,7 @@ async fn stdio_client(extra: &[&str]) -> (tempfile::TempDir, Child, Lines<BufRea
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_client_talks_to_toolhost_mcp_over_stdio() {
-    let (_data, mut child, mut lines) = stdio_client(&[]).await;
+    let (data, mut child, mut lines) = stdio_client(&[], true).await;
     next_step(&mut lines, "initialized").await;
     let listed = next_step(&mut lines, "listed").await;
     assert_eq!(listed["names"], json!(["text_stats", "word_frequency"]));
@@ -247,13 +254,34 @@ async fn the_official_client_talks_to_toolhost_mcp_over_stdio() {
         true
     );
     assert_eq!(next_step(&mut lines, "unknown").await["threw"], true);
+    // `toolhost mcp` owns the data directory: the CLI's install reaches it through its admin
+    // socket, and the client hears of it.
+    next_step(&mut lines, "waiting").await;
+    let component = crate::plugins::plugins_dir().join("unit_convert.wasm");
+    let installed = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["--tenant", "acme", "install"])
+        .arg(component)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&installed.stdout);
+    assert!(
+        installed.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    assert_eq!(stdout, "installed convert_units\n");
+    assert_eq!(next_step(&mut lines, "changed").await["count"], 3);
     next_step(&mut lines, "closed").await;
     assert!(child.wait().await.unwrap().success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_disclosure_on_the_client_sees_the_bridges_and_can_still_call_found_tools() {
-    let (_data, mut child, mut lines) = stdio_client(&["--disclosure", "on"]).await;
+    let (_data, mut child, mut lines) = stdio_client(&["--disclosure", "on"], false).await;
     next_step(&mut lines, "initialized").await;
     let listed = next_step(&mut lines, "listed").await;
     assert_eq!(

@@ -3,8 +3,9 @@
 //   node client.mjs http  <url> <api-key>
 //   node client.mjs stdio <toolhost binary> <data dir> <tenant> [extra `toolhost mcp` args]
 //
-// Prints one JSON line per step; after "listed" it waits for one tools/list_changed
-// notification (the test installs a tool meanwhile) and prints "changed" with the new count.
+// Prints one JSON line per step; after "unknown" it waits for one tools/list_changed
+// notification (over stdio only with WAIT_FOR_CHANGE set; the test installs a tool
+// meanwhile) and prints "changed" with the new count.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
@@ -66,7 +67,9 @@ try {
   say("unknown", { threw: true, message: String(error.message ?? error) });
 }
 
-if (mode === "http") {
+// Over stdio, only when asked: the test then installs a tool through the CLI, which reaches
+// `toolhost mcp` through its admin socket.
+if (mode === "http" || process.env.WAIT_FOR_CHANGE) {
   say("waiting", {});
   // unref: a pending timer must not keep node alive after the client closes.
   const timeout = new Promise((_, reject) => setTimeout(() => reject(new Error("no list_changed within 20 s")), 20000).unref());

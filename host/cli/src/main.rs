@@ -248,16 +248,6 @@ fn usage(message: impl std::fmt::Display) -> Failure {
     Failure(2, format!("error: {message}"))
 }
 
-/// A refused install is the input's fault (2); a failing store is not (1).
-fn install_error(error: toolhost::InstallError) -> Failure {
-    match error {
-        toolhost::InstallError::Store(_) | toolhost::InstallError::Admission { .. } => {
-            Failure(1, format!("error: {error}"))
-        }
-        refused => usage(refused),
-    }
-}
-
 /// A failing store is not the input's fault (1); anything else refused is (2).
 fn manage_error(error: toolhost::ManageError) -> Failure {
     match error {
@@ -311,6 +301,15 @@ fn admin_command(command: &Command, tenant: &str) -> Result<Option<AdminCommand>
             tenant,
             key: key.clone(),
         },
+        Command::Install { file } => AdminCommand::Install {
+            tenant,
+            file: std::path::absolute(file)
+                .map_err(|e| usage(format!("{}: {e}", file.display())))?,
+        },
+        Command::Remove { tool } => AdminCommand::Remove {
+            tenant,
+            tool: tool.clone(),
+        },
         Command::Policy(PolicyCommand::Show) => AdminCommand::PolicyShow { tenant },
         Command::Policy(PolicyCommand::Set { file }) => {
             let text = if file.as_os_str() == "-" {
@@ -335,7 +334,7 @@ fn print_reply(reply: AdminReply) -> Result<(), Failure> {
             Ok(())
         }
         AdminReply::Failed(message) => Err(usage(message)),
-        AdminReply::StoreFailed(message) => Err(Failure(1, format!("error: {message}"))),
+        AdminReply::Unavailable(message) => Err(Failure(1, format!("error: {message}"))),
     }
 }
 
@@ -383,39 +382,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 })?;
             return print_reply(reply);
         }
-        (Ok(host), Some(command)) => return print_reply(command.execute(&host)),
+        (Ok(host), Some(command)) => return print_reply(command.execute(&host).await),
         (Err(error), _) => return Err(Failure(1, format!("error: {error}"))),
         (Ok(host), None) => host,
     };
     let tenant = cli.tenant;
     match cli.command {
-        Command::Install { file } => {
-            let bytes =
-                std::fs::read(&file).map_err(|e| usage(format!("{}: {e}", file.display())))?;
-            let is_js = file.extension().is_some_and(|e| e == "js" || e == "mjs");
-            let specs = if is_js {
-                let source = String::from_utf8(bytes)
-                    .map_err(|_| usage(format!("{}: not UTF-8", file.display())))?;
-                vec![
-                    host.install_js(&tenant, &source)
-                        .await
-                        .map_err(install_error)?,
-                ]
-            } else if bytes.trim_ascii_start().starts_with(b"{") {
-                let def = serde_json::from_slice(&bytes).map_err(|e| {
-                    usage(format!(
-                        "{}: not an HTTP tool definition: {e}",
-                        file.display()
-                    ))
-                })?;
-                vec![host.install_http(&tenant, def).map_err(install_error)?]
-            } else {
-                host.install(&tenant, bytes).await.map_err(install_error)?
-            };
-            for spec in specs {
-                println!("installed {}", spec.name);
-            }
-        }
         Command::List { json } => {
             let tools = host.list(&tenant);
             if json {
@@ -475,15 +447,6 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 Err(error) => return Err(Failure(1, format!("error[{}]: {error}", error.code()))),
             }
         }
-        Command::Remove { tool } => {
-            let removed = host
-                .remove(&tenant, &tool)
-                .map_err(|e| Failure(1, format!("error: {e}")))?;
-            if !removed {
-                return Err(usage(format!("no tool named `{tool}`")));
-            }
-            println!("removed {tool}");
-        }
         Command::Versions { tool } => {
             let entry = host.versions(&tenant, &tool).map_err(manage_error)?;
             for v in entry.versions.iter().rev() {
@@ -524,42 +487,54 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .map_err(|e| usage(format!("cannot listen on {listen}: {e}")))?;
             eprintln!("toolhost listening on http://{listen} (API: /openapi.json)");
             let host = std::sync::Arc::new(host);
-            // Tenants, keys, configuration and policies stay manageable from the CLI.
-            let admin = tokio::spawn({
-                let (host, data_dir) = (host.clone(), data_dir.clone());
-                async move {
-                    if let Err(e) = toolhost_server::admin::serve(host, &data_dir).await {
-                        eprintln!(
-                            "toolhost: warning: no admin socket in {} ({e}); stop the server to run tenant, key, config and policy commands",
-                            data_dir.display()
-                        );
-                    }
-                }
-            });
+            let admin = serve_admin(&host, &data_dir);
             let served =
                 toolhost_server::server::serve(host, listener, options, shutdown_signal()).await;
-            admin.abort();
-            let _ = std::fs::remove_file(data_dir.join(toolhost_server::admin::SOCKET));
+            stop_admin(admin, &data_dir);
             served.map_err(|e| Failure(1, format!("error: serving: {e}")))?;
         }
         Command::Mcp { disclosure } => {
-            toolhost_server::mcp::serve_stdio(
-                std::sync::Arc::new(host),
-                disclosure.config()?,
-                tenant,
-            )
-            .await
-            .map_err(|e| Failure(1, format!("error: mcp: {e}")))?;
+            let host = std::sync::Arc::new(host);
+            let admin = serve_admin(&host, &data_dir);
+            let served =
+                toolhost_server::mcp::serve_stdio(host, disclosure.config()?, tenant).await;
+            stop_admin(admin, &data_dir);
+            served.map_err(|e| Failure(1, format!("error: mcp: {e}")))?;
         }
-        Command::Tenant(_) | Command::Key(_) | Command::Config(_) | Command::Policy(_) => {
-            unreachable!("admin commands are run above")
-        }
+        Command::Install { .. }
+        | Command::Remove { .. }
+        | Command::Tenant(_)
+        | Command::Key(_)
+        | Command::Config(_)
+        | Command::Policy(_) => unreachable!("admin commands are run above"),
         Command::Export { format } => {
             let format = format.parse().map_err(usage)?;
             println!("{}", pretty(&host.export(&tenant, format)));
         }
     }
     Ok(())
+}
+
+/// While this process owns the data directory, the CLI's installs, removals, tenants, keys,
+/// configuration and policies reach its host through the admin socket.
+fn serve_admin(
+    host: &std::sync::Arc<Host>,
+    data_dir: &std::path::Path,
+) -> tokio::task::JoinHandle<()> {
+    let (host, data_dir) = (host.clone(), data_dir.to_owned());
+    tokio::spawn(async move {
+        if let Err(e) = toolhost_server::admin::serve(host, &data_dir).await {
+            eprintln!(
+                "toolhost: warning: no admin socket in {} ({e}); stop this process to install tools or run tenant, key, config and policy commands",
+                data_dir.display()
+            );
+        }
+    })
+}
+
+fn stop_admin(admin: tokio::task::JoinHandle<()>, data_dir: &std::path::Path) {
+    admin.abort();
+    let _ = std::fs::remove_file(data_dir.join(toolhost_server::admin::SOCKET));
 }
 
 /// Resolves on SIGINT or SIGTERM.

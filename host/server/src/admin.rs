@@ -1,19 +1,20 @@
-//! The operator's commands (tenants, keys, configuration, policies), run either on a host the
-//! CLI opened itself or, while `toolhost serve` owns the data directory, on the server's host
-//! through a Unix socket in that directory. One implementation, two ways in.
+//! The operator's commands (tenants, keys, configuration, policies, installs and removals),
+//! run either on a host the CLI opened itself or, while `toolhost serve` or `toolhost mcp`
+//! owns the data directory, on that process's host through a Unix socket in that directory.
+//! One implementation, two ways in: an install made while an agent is connected reaches it.
 //!
 //! The socket speaks one JSON [`AdminCommand`] line in, one JSON [`AdminReply`] line out. It
 //! is created owner-only (0600): whoever may read the data directory's files may run these.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use toolhost::{Host, ManageError, Role, TenantPolicy};
+use toolhost::{Host, InstallError, ManageError, Role, TenantPolicy, ToolSpec};
 
 fn agent() -> Role {
     Role::Agent
@@ -88,6 +89,21 @@ pub enum AdminCommand {
         /// The new policy.
         policy: TenantPolicy,
     },
+    /// Installs a component (`.wasm`), a JavaScript tool (`.js`, `.mjs`) or an HTTP tool
+    /// (JSON), read from `file` by the process that owns the store.
+    Install {
+        /// Whose.
+        tenant: String,
+        /// An absolute path.
+        file: PathBuf,
+    },
+    /// Removes a tool and all its versions.
+    Remove {
+        /// Whose.
+        tenant: String,
+        /// The tool.
+        tool: String,
+    },
 }
 
 /// What a command printed, or why it failed.
@@ -102,23 +118,23 @@ pub enum AdminReply {
     },
     /// It was refused, in words: the command's fault (exit code 2).
     Failed(String),
-    /// The store failed (a full or failing disk), in words: not the command's fault (exit
-    /// code 1).
-    StoreFailed(String),
+    /// The host could not do it now (a full or failing disk, a limit of the tenant's), in
+    /// words: not the command's fault (exit code 1).
+    Unavailable(String),
 }
 
 impl AdminCommand {
     /// Runs the command on `host`.
-    pub fn execute(self, host: &Host) -> AdminReply {
-        match self.run(host) {
+    pub async fn execute(self, host: &Host) -> AdminReply {
+        match self.run(host).await {
             Ok((stdout, stderr)) => AdminReply::Done { stdout, stderr },
             Err(failed) => failed,
         }
     }
 
-    fn run(self, host: &Host) -> Result<(String, String), AdminReply> {
+    async fn run(self, host: &Host) -> Result<(String, String), AdminReply> {
         let fail = |e: ManageError| match e {
-            ManageError::Store(_) => AdminReply::StoreFailed(e.to_string()),
+            ManageError::Store(_) => AdminReply::Unavailable(e.to_string()),
             refused => AdminReply::Failed(refused.to_string()),
         };
         let out = |text: String| Ok((text, String::new()));
@@ -203,7 +219,48 @@ impl AdminCommand {
                 host.set_policy(&tenant, policy).map_err(fail)?;
                 out(format!("policy set for {tenant}\n"))
             }
+            AdminCommand::Install { tenant, file } => {
+                let specs = install(host, &tenant, &file).await?;
+                out(specs
+                    .iter()
+                    .map(|spec| format!("installed {}\n", spec.name))
+                    .collect())
+            }
+            AdminCommand::Remove { tenant, tool } => {
+                let removed = host
+                    .remove(&tenant, &tool)
+                    .map_err(|e| AdminReply::Unavailable(e.to_string()))?;
+                if !removed {
+                    return Err(AdminReply::Failed(format!("no tool named `{tool}`")));
+                }
+                out(format!("removed {tool}\n"))
+            }
         }
+    }
+}
+
+/// Installs what `file` holds, by its kind: JavaScript source by its extension, an HTTP tool
+/// definition by a leading `{`, else a component.
+async fn install(host: &Host, tenant: &str, file: &Path) -> Result<Vec<ToolSpec>, AdminReply> {
+    let named = |e: &dyn std::fmt::Display| AdminReply::Failed(format!("{}: {e}", file.display()));
+    let bytes = std::fs::read(file).map_err(|e| named(&e))?;
+    let refused = |error: InstallError| match error {
+        InstallError::Store(_) | InstallError::Admission { .. } => {
+            AdminReply::Unavailable(error.to_string())
+        }
+        refused => AdminReply::Failed(refused.to_string()),
+    };
+    if file.extension().is_some_and(|e| e == "js" || e == "mjs") {
+        let source = String::from_utf8(bytes).map_err(|_| named(&"not UTF-8"))?;
+        Ok(vec![
+            host.install_js(tenant, &source).await.map_err(refused)?,
+        ])
+    } else if bytes.trim_ascii_start().starts_with(b"{") {
+        let def = serde_json::from_slice(&bytes)
+            .map_err(|e| named(&format!("not an HTTP tool definition: {e}")))?;
+        Ok(vec![host.install_http(tenant, def).map_err(refused)?])
+    } else {
+        host.install(tenant, bytes).await.map_err(refused)
     }
 }
 
@@ -231,7 +288,7 @@ async fn answer(host: &Host, stream: UnixStream) -> std::io::Result<()> {
     let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES as u64));
     reader.read_line(&mut line).await?;
     let reply = match serde_json::from_str::<AdminCommand>(&line) {
-        Ok(command) => command.execute(host),
+        Ok(command) => command.execute(host).await,
         Err(e) => AdminReply::Failed(format!("not an admin command: {e}")),
     };
     let mut text = serde_json::to_string(&reply).expect("a reply serializes");
