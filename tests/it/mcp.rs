@@ -435,3 +435,110 @@ async fn a_call_the_client_cancels_stops_running() {
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
+
+/// One HTTP/1.1 request to the MCP endpoint at `url`, read until the server closes or `until`
+/// appears in what was read (then the connection is dropped, as a client that goes away).
+async fn mcp_raw(url: &str, key: &str, head: &[(&str, &str)], body: &str, until: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url.trim_start_matches("http://").trim_end_matches("/mcp");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let method = if body.is_empty() { "GET" } else { "POST" };
+    let mut request = format!(
+        "{method} /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         MCP-Protocol-Version: 2025-11-25\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in head {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut read = Vec::new();
+    let mut buffer = [0; 4096];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer))
+            .await
+            .expect("the server answers within 10 s")
+            .unwrap();
+        read.extend_from_slice(&buffer[..n]);
+        if n == 0 || String::from_utf8_lossy(&read).contains(until) {
+            return String::from_utf8_lossy(&read).into_owned();
+        }
+    }
+}
+
+/// A client that loses its connection while its call runs reconnects with `Last-Event-ID`
+/// and gets the result that finished while it was away (before, it was lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_that_finished_while_the_client_was_away_is_replayed() {
+    let Served {
+        host,
+        key,
+        url,
+        stop,
+        server,
+    } = served().await;
+    host.install("acme", plugin("probe")).await.unwrap();
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "away", "version": "1"}}});
+    let answer = mcp_raw(&url, &key, &[], &initialize.to_string(), "\"result\"").await;
+    let session = answer
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("mcp-session-id: ")
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| panic!("no session: {answer}"));
+    let in_session = [("Mcp-Session-Id", session.trim())];
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    mcp_raw(
+        &url,
+        &key,
+        &in_session,
+        &initialized.to_string(),
+        "\r\n\r\n",
+    )
+    .await;
+
+    // The call's stream opens with a priming event: its id is where to resume from. Then
+    // the client goes away.
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "busy", "arguments": {"ms": 300}}});
+    let primed = mcp_raw(&url, &key, &in_session, &call.to_string(), "retry:").await;
+    let last = primed
+        .lines()
+        .find_map(|l| l.strip_prefix("id: "))
+        .unwrap_or_else(|| panic!("no event id: {primed}"))
+        .trim()
+        .to_owned();
+    assert!(
+        !primed.contains("\"done\""),
+        "it had not finished: {primed}"
+    );
+
+    // Reconnect only once the call has finished, and its answer has gone to the stream that
+    // nobody reads any more.
+    let started = std::time::Instant::now();
+    while !host
+        .metrics()
+        .render()
+        .contains("toolhost_calls_total{outcome=\"ok\"} 1\n")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the call never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resume = [("Mcp-Session-Id", session.trim()), ("Last-Event-ID", &last)];
+    let replayed = mcp_raw(&url, &key, &resume, "", "\"done\"").await;
+    assert!(replayed.contains("\"id\":7"), "{replayed}");
+    assert!(replayed.contains("\"isError\":false"), "{replayed}");
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}

@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod bridges;
+pub mod events;
 pub mod listener;
 pub mod mcp;
 pub mod server;

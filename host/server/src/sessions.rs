@@ -70,7 +70,9 @@ pub(crate) struct Opening<'a> {
 
 impl Sessions {
     pub(crate) fn new(limits: SessionLimits) -> Self {
-        let mut manager = LocalSessionManager::default();
+        let mut manager = LocalSessionManager::default().with_event_store(Arc::new(
+            crate::events::RecentEvents::new(crate::events::DEFAULT_EVENT_BYTES),
+        ));
         // rmcp's own idle timeout ends the session's worker; ours also forgets its handle.
         manager.session_config.keep_alive = Some(limits.idle);
         Sessions {
