@@ -492,6 +492,9 @@ impl Sandbox {
 }
 
 /// Everything that is set once per engine, in one place (after `wasmtime serve`).
+/// Bytes of each recycled memory and table kept resident (zeroed in place) between calls.
+const KEEP_RESIDENT_BYTES: usize = 64 << 10;
+
 fn engine(config: &SandboxConfig) -> Result<Engine, wasmtime::Error> {
     let base = || {
         let mut c = Config::new();
@@ -508,7 +511,12 @@ fn engine(config: &SandboxConfig) -> Result<Engine, wasmtime::Error> {
         .total_core_instances(slots * CORE_INSTANCES_PER_COMPONENT)
         .total_memories(slots * MEMORIES_PER_COMPONENT)
         .total_tables(slots * TABLES_PER_COMPONENT)
-        .max_memory_size(MEMORY_BYTES.max as usize);
+        .max_memory_size(MEMORY_BYTES.max as usize)
+        // A recycled slot's first 64 KiB of memory and tables is zeroed with memset rather
+        // than given back with madvise: cheaper for small tools, and fewer TLB-shootdown IPIs
+        // between cores. BENCHMARKS.md has the figures.
+        .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+        .table_keep_resident(KEEP_RESIDENT_BYTES);
     let mut pooled = base();
     pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     match Engine::new(&pooled) {
