@@ -162,6 +162,7 @@ async fn first_call(wasm: &[u8], args: &Value) {
     let caller = Caller::tenant("bench");
     let mut install = Vec::new();
     let mut restart = Vec::new();
+    let mut open = Vec::new();
     for _ in 0..ROUNDS {
         let dir = tempfile::tempdir().unwrap();
         let config = HostConfig {
@@ -174,7 +175,9 @@ async fn first_call(wasm: &[u8], args: &Value) {
             host.install("bench", wasm.to_vec()).await.unwrap();
             install.push(start.elapsed());
         }
+        let start = Instant::now();
         let host = Host::open(config).unwrap();
+        open.push(start.elapsed());
         let start = Instant::now();
         let out = host.call(&caller, "text_stats", args.clone()).await;
         restart.push(start.elapsed());
@@ -194,6 +197,7 @@ async fn first_call(wasm: &[u8], args: &Value) {
         "install (compile + store)",
         median(install)
     );
+    println!("{:<28} {:>9.2} ms", "Host::open after restart", median(open));
     println!(
         "{:<28} {:>9.2} ms",
         "first call after restart",
