@@ -197,7 +197,11 @@ async fn first_call(wasm: &[u8], args: &Value) {
         "install (compile + store)",
         median(install)
     );
-    println!("{:<28} {:>9.2} ms", "Host::open after restart", median(open));
+    println!(
+        "{:<28} {:>9.2} ms",
+        "Host::open after restart",
+        median(open)
+    );
     println!(
         "{:<28} {:>9.2} ms",
         "first call after restart",
