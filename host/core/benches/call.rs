@@ -6,7 +6,7 @@
 //! - `native Host::call`: the same tool logic as a native Rust tool, through the same pipeline.
 //!
 //! Then the cost of a first call: compiling a component, versus loading its stored artifact
-//! after a restart.
+//! after a restart; and calls per second on one and on two worker threads.
 
 #[path = "../../../tests/it/plugins.rs"]
 #[allow(dead_code)] // not every user of the helpers needs all of them
@@ -76,6 +76,50 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(run());
+
+    let wasm = plugins::plugin("text_stats");
+    let args = json!({"text": "The quick brown fox jumps over the lazy dog. Twice!"});
+    println!("\ncalls/s, {THROUGHPUT_CALLS} calls back to back per worker thread (one task each)");
+    let one = throughput(&wasm, &args, 1);
+    println!("{:<28} {one:>9.0}", "1 thread");
+    let two = throughput(&wasm, &args, 2);
+    println!("{:<28} {two:>9.0}   {:.2}x", "2 threads", two / one);
+}
+
+const THROUGHPUT_CALLS: usize = 20_000;
+
+/// Calls per second of `text_stats` with `workers` tokio worker threads, each running a task
+/// that calls back to back: how the host scales with cores.
+fn throughput(wasm: &[u8], args: &Value, workers: usize) -> f64 {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let host = std::sync::Arc::new(Host::open(HostConfig::default()).unwrap());
+        host.install("bench", wasm.to_vec()).await.unwrap();
+        let caller = Caller::tenant("bench");
+        for _ in 0..WARMUP {
+            host.call(&caller, "text_stats", args.clone()).await;
+        }
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..workers)
+            .map(|_| {
+                let (host, caller, args) = (host.clone(), caller.clone(), args.clone());
+                tokio::spawn(async move {
+                    for _ in 0..THROUGHPUT_CALLS {
+                        let out = host.call(&caller, "text_stats", args.clone()).await;
+                        assert!(out.result.is_ok());
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        (workers * THROUGHPUT_CALLS) as f64 / start.elapsed().as_secs_f64()
+    })
 }
 
 async fn run() {
