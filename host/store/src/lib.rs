@@ -270,7 +270,7 @@ pub trait Store: Send + Sync {
     /// A search model's vector of a tool's text (its bytes, as the search crate encodes
     /// them), by model fingerprint and text digest.
     fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>>;
-    /// Not flushed: a vector lost in a crash is encoded again.
+    /// Committed lazily: a vector lost in a crash is encoded again.
     fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()>;
 
     /// Whether writes reach the disk; if one failed, why. Reads from memory go on either way.
