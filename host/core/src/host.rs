@@ -266,9 +266,9 @@ impl Host {
             .await
     }
 
-    /// As [`Host::call`], until `cancel` fires (an MCP client's `notifications/cancelled`, a
-    /// client gone): then the call stops where it is, waiting for its turn or running, its
-    /// instance dropped, and ends [`CallError::Cancelled`].
+    /// As [`Host::call`], until `cancel` fires (as the MCP server fires it on the client's
+    /// `notifications/cancelled`): then the call stops where it is, waiting for its turn or
+    /// running, its instance dropped, and ends [`CallError::Cancelled`].
     ///
     /// [`CallError::Cancelled`]: toolhost_spec::CallError::Cancelled
     pub async fn call_cancellable(
