@@ -35,18 +35,20 @@ pub struct JsSource {
 /// and of versions past [`toolhost_store::MAX_VERSIONS_KEPT`]. A JS tool keeps the runtime it
 /// was installed on, and the host keeps the one it runs new JS tools on. Run as the host
 /// opens, before any install can race it.
-fn collect_blobs(store: &dyn Store, js_runtime: Option<&str>) -> Result<(), StoreError> {
+fn collect_blobs(
+    store: &dyn Store,
+    entries: &[ToolEntry],
+    js_runtime: Option<&str>,
+) -> Result<(), StoreError> {
     let mut live: HashSet<String> = js_runtime.map(str::to_owned).into_iter().collect();
-    for entry in store.tool_entries()? {
-        for version in entry.versions {
-            if version.kind == SourceKind::Js
-                && let Some(blob) = store.blob(&version.component)?
-                && let Ok(js) = serde_json::from_slice::<JsSource>(&blob)
-            {
-                live.insert(js.runtime);
-            }
-            live.insert(version.component);
+    for version in entries.iter().flat_map(|entry| &entry.versions) {
+        if version.kind == SourceKind::Js
+            && let Some(blob) = store.blob(&version.component)?
+            && let Ok(js) = serde_json::from_slice::<JsSource>(&blob)
+        {
+            live.insert(js.runtime);
         }
+        live.insert(version.component.clone());
     }
     let collected = store.collect_blobs(&|sha| live.contains(sha))?;
     if collected > 0 {
@@ -172,9 +174,10 @@ impl Catalog {
             }
             None => None,
         };
-        collect_blobs(&*store, js_runtime.as_deref())?;
+        let entries = store.tool_entries()?;
+        collect_blobs(&*store, &entries, js_runtime.as_deref())?;
         let tools = TenantTools::default();
-        for entry in store.tool_entries()? {
+        for entry in entries {
             match tenant_tool(&entry) {
                 Ok(tool) => tools.insert(tool),
                 Err(error) => {
