@@ -198,35 +198,110 @@ async fn each_tenant_sees_its_own_files() {
 }
 
 #[tokio::test]
-async fn a_tenant_over_its_files_quota_gets_read_only_directories() {
+async fn every_write_is_charged_to_the_tenants_files_quota() {
     let f = fixture(EgressConfig::default()).await;
     let policy: TenantPolicy = serde_json::from_value(json!({
-        "files_quota_bytes": 10,
+        "files_quota_bytes": 1000,
         "grants": {"fs_*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}}
     }))
     .unwrap();
     f.host.set_policy("acme", policy).unwrap();
-    let big = json!({"path": "/d/big.txt", "text": "x".repeat(20)});
-    assert_eq!(probe(&f.host, "acme", "fs_write", big).await, Ok(json!(20)));
-    let out = call(
-        &f.host,
-        "acme",
-        "fs_write",
-        json!({"path": "/d/more.txt", "text": "y"}),
-    )
-    .await;
-    assert!(out.result.unwrap().get("error").is_some());
+    let root = files(&f.host, "acme");
+    let write = |path: &str, len: usize| json!({"path": path, "text": "x".repeat(len)});
+    let size = |name: &str| std::fs::metadata(root.join("d").join(name)).map_or(0, |m| m.len());
+
+    // The case: one call writes 900 KB under a quota of 1,000 bytes.
+    let out = call(&f.host, "acme", "fs_write", write("/d/big", 900_000)).await;
+    // wasi-libc reports a refused stream write as EIO; the call's log says why.
+    assert!(out.result.unwrap()["error"].is_string());
     assert!(
         out.log
             .lines
             .iter()
-            .any(|l| l.message.contains("files_quota_bytes"))
+            .any(|l| l.message.contains("files_quota_bytes")),
+        "the call's log names the quota"
     );
-    assert!(!files(&f.host, "acme").join("d/more.txt").exists());
-    // Reading still works.
+    assert_eq!(size("big"), 0, "nothing past the quota reached the disk");
+
+    // Within the quota, each way of writing is charged: write, append, set-size.
     assert_eq!(
-        probe(&f.host, "acme", "fs_read", json!({"path": "/d/big.txt"})).await,
-        Ok(json!("x".repeat(20)))
+        probe(&f.host, "acme", "fs_write", write("/d/a", 600)).await,
+        Ok(json!(600))
+    );
+    assert!(
+        probe(&f.host, "acme", "fs_append", write("/d/a", 500))
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        probe(&f.host, "acme", "fs_append", write("/d/a", 300)).await,
+        Ok(json!(null))
+    );
+    let grow = json!({"path": "/d/sparse", "len": 1_000_000});
+    let refused = probe(&f.host, "acme", "fs_set_len", grow)
+        .await
+        .unwrap_err();
+    assert!(refused.contains("space"), "{refused}");
+    assert_eq!(size("a"), 900);
+    assert_eq!(size("sparse"), 0);
+
+    // Rewriting a file in place, truncating it or removing it gives its bytes back.
+    for _ in 0..5 {
+        assert_eq!(
+            probe(&f.host, "acme", "fs_write", write("/d/a", 950)).await,
+            Ok(json!(950))
+        );
+    }
+    let shrink = json!({"path": "/d/a", "len": 100});
+    assert_eq!(
+        probe(&f.host, "acme", "fs_set_len", shrink).await,
+        Ok(json!(null))
+    );
+    assert_eq!(
+        probe(&f.host, "acme", "fs_write", write("/d/b", 850)).await,
+        Ok(json!(850))
+    );
+    assert!(
+        probe(&f.host, "acme", "fs_write", write("/d/c", 100))
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        probe(&f.host, "acme", "fs_remove", json!({"path": "/d/b"})).await,
+        Ok(json!(null))
+    );
+    assert_eq!(
+        probe(&f.host, "acme", "fs_write", write("/d/c", 800)).await,
+        Ok(json!(800))
+    );
+
+    // Bytes freed outside the sandbox are found by the recount after a refusal.
+    assert!(
+        probe(&f.host, "acme", "fs_write", write("/d/d", 200))
+            .await
+            .is_err()
+    );
+    std::fs::remove_file(root.join("d/c")).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(
+        probe(&f.host, "acme", "fs_write", write("/d/d", 200)).await,
+        Ok(json!(200))
+    );
+
+    // Another tenant has its own quota, and reading never needs one.
+    grant(
+        &f.host,
+        "globex",
+        json!({"fs_*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}}),
+    );
+    let other = write("/d/big", 900_000);
+    assert_eq!(
+        probe(&f.host, "globex", "fs_write", other).await,
+        Ok(json!(900_000))
+    );
+    assert_eq!(
+        probe(&f.host, "acme", "fs_read", json!({"path": "/d/d"})).await,
+        Ok(json!("x".repeat(200)))
     );
 }
 

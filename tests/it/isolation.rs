@@ -172,3 +172,46 @@ async fn an_install_passes_the_tenants_gates_like_a_call() {
         .await
         .expect("admitted once the call ended");
 }
+
+/// The code a tenant's kept versions hold is capped: each distinct component once, so a new
+/// version of the same component adds nothing, and removing tools makes room.
+#[tokio::test]
+async fn installs_stop_at_the_tenants_code_quota() {
+    let host = Host::open(crate::plugins::config()).unwrap();
+    let (small, large) = (
+        crate::plugins::plugin("text_stats"),
+        crate::plugins::plugin("probe"),
+    );
+    assert!(small.len() < large.len());
+    let quota = (small.len() + large.len() / 2) as u64;
+    let policy = serde_json::from_value(json!({ "code_quota_bytes": quota })).unwrap();
+    host.set_policy("acme", policy).unwrap();
+
+    host.install("acme", small.clone()).await.unwrap();
+    host.install("acme", small.clone())
+        .await
+        .expect("a second version of the same component adds no bytes");
+    let refused = host.install("acme", large.clone()).await.unwrap_err();
+    assert!(
+        matches!(refused, InstallError::CodeQuota { used, quota: q } if q == quota && used > quota),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("code_quota_bytes"),
+        "{refused}"
+    );
+    assert!(
+        host.describe("acme", "fs_write").is_none(),
+        "nothing of it installed"
+    );
+    host.install("globex", large.clone())
+        .await
+        .expect("another tenant has its own quota");
+
+    for tool in ["text_stats", "word_frequency"] {
+        assert!(host.remove("acme", tool).unwrap());
+    }
+    host.install("acme", large)
+        .await
+        .expect("removing the tool made room");
+}

@@ -186,10 +186,31 @@ async fn kv_persists_per_tenant_and_tool_with_quotas() {
             flood["error"].as_str().unwrap().contains("1000 keys"),
             "{flood}"
         );
+        // The tenant's data quota spans its tools' keys and values.
+        let policy = serde_json::from_value(json!({"data_quota_bytes": 2000})).unwrap();
+        host.set_policy("globex", policy).unwrap();
+        let flood = call(&host, "globex", "kv_flood", json!({}))
+            .await
+            .result
+            .unwrap();
+        let stored = flood["stored"].as_u64().unwrap();
+        assert!((50..200).contains(&stored), "{flood}");
+        assert!(
+            flood["error"]
+                .as_str()
+                .unwrap()
+                .contains("data_quota_bytes"),
+            "{flood}"
+        );
     }
     let host = Host::open(persistent(dir.path())).unwrap();
     let out = call(&host, "acme", "count", json!({"key": "visits"})).await;
     assert_eq!(out.result, Ok(json!(4)), "KV survives a restart");
+    let held = host.store().data_bytes("globex").unwrap();
+    assert!(
+        (1900..=2000).contains(&held),
+        "the count survives too: {held}"
+    );
 }
 
 /// Blobs that no kept version refers to are collected as the host opens: a removed tool's

@@ -13,7 +13,7 @@ use toolhost_spec::digest::sha256_hex;
 use toolhost_spec::export::{self, Format};
 use toolhost_spec::schema::ArgsValidator;
 use toolhost_spec::spec::{CachePolicy, Limits, RESERVED_NAMES, SpecError, ToolSpec};
-use toolhost_store::{SourceKind, Store, StoreError, ToolEntry, now_ms};
+use toolhost_store::{SourceKind, Store, StoreError, ToolEntry, code_bytes, now_ms};
 
 use crate::components::Components;
 use crate::config::{MAX_JS_SOURCE_BYTES, MAX_TOOLS_PER_COMPONENT};
@@ -209,10 +209,12 @@ impl Catalog {
         }
     }
 
+    /// Installs a component's tools; `code_quota` is the tenant's (see [`Catalog::plan_versions`]).
     pub async fn install(
         &self,
         tenant: &str,
         component: Vec<u8>,
+        code_quota: u64,
     ) -> Result<Vec<ToolSpec>, InstallError> {
         check_tenant(tenant)?;
         let component = self.components.compile(component).await?;
@@ -225,21 +227,32 @@ impl Catalog {
             .map_err(InstallError::ListTools)?;
         let specs = self.check_defs(tenant, defs)?;
         let _writing = self.lock_entries();
-        let sha = component.sha.clone();
+        let blob = (component.sha.as_str(), component.bytes.len() as u64);
+        let changed = self.plan_versions(tenant, SourceKind::Wasm, &specs, blob, code_quota)?;
         self.components.keep(component)?;
-        self.add_versions(tenant, SourceKind::Wasm, &specs, &sha)?;
+        self.commit_versions(tenant, changed)?;
         Ok(specs)
     }
 
-    pub fn install_http(&self, tenant: &str, def: HttpToolDef) -> Result<ToolSpec, InstallError> {
+    pub fn install_http(
+        &self,
+        tenant: &str,
+        def: HttpToolDef,
+        code_quota: u64,
+    ) -> Result<ToolSpec, InstallError> {
         check_tenant(tenant)?;
         let spec = def.validate()?;
         self.check_name(tenant, &spec, &[])?;
         let request = serde_json::to_vec(&def.request).expect("a request definition serializes");
-        self.add_blob_version(tenant, SourceKind::Http, spec, &request)
+        self.add_blob_version(tenant, SourceKind::Http, spec, &request, code_quota)
     }
 
-    pub async fn install_js(&self, tenant: &str, source: &str) -> Result<ToolSpec, InstallError> {
+    pub async fn install_js(
+        &self,
+        tenant: &str,
+        source: &str,
+        code_quota: u64,
+    ) -> Result<ToolSpec, InstallError> {
         check_tenant(tenant)?;
         if source.len() > MAX_JS_SOURCE_BYTES {
             return Err(InstallError::JsTooLarge { size: source.len() });
@@ -269,7 +282,7 @@ impl Catalog {
             source: source.to_owned(),
         };
         let blob = serde_json::to_vec(&stored).expect("a JS source serializes");
-        self.add_blob_version(tenant, SourceKind::Js, spec, &blob)
+        self.add_blob_version(tenant, SourceKind::Js, spec, &blob, code_quota)
     }
 
     /// Stores `blob` and makes it the new version of `spec`'s tool.
@@ -279,25 +292,32 @@ impl Catalog {
         kind: SourceKind,
         spec: ToolSpec,
         blob: &[u8],
+        code_quota: u64,
     ) -> Result<ToolSpec, InstallError> {
         let sha = sha256_hex(blob);
         let _writing = self.lock_entries();
+        let specs = std::slice::from_ref(&spec);
+        let changed =
+            self.plan_versions(tenant, kind, specs, (&sha, blob.len() as u64), code_quota)?;
         self.store.put_blob(&sha, blob)?;
-        self.add_versions(tenant, kind, std::slice::from_ref(&spec), &sha)?;
+        self.commit_versions(tenant, changed)?;
         Ok(spec)
     }
 
-    /// Adds a version implemented by blob `sha` to each tool of `specs`, written together.
-    /// The caller holds the entry lock and has stored the blob.
-    fn add_versions(
+    /// The entries of `specs`' tools, each with a new version implemented by `blob` (sha256,
+    /// bytes), unless the tenant's kept versions would then hold more than `code_quota`
+    /// bytes of code. The caller holds the entry lock; nothing is stored yet.
+    fn plan_versions(
         &self,
         tenant: &str,
         kind: SourceKind,
         specs: &[ToolSpec],
-        sha: &str,
-    ) -> Result<(), InstallError> {
+        (sha, bytes): (&str, u64),
+        code_quota: u64,
+    ) -> Result<Vec<ToolEntry>, InstallError> {
         let installed_at_ms = now_ms();
         let mut entries = self.store.tool_entries_of(tenant)?;
+        let before = code_bytes(&entries);
         let mut changed = Vec::with_capacity(specs.len());
         for spec in specs {
             let mut entry = match entries.iter().position(|e| e.name == spec.name) {
@@ -309,9 +329,23 @@ impl Catalog {
                     versions: Vec::new(),
                 },
             };
-            entry.push(kind, spec.clone(), sha.to_owned(), installed_at_ms);
+            entry.push(kind, spec.clone(), sha.to_owned(), bytes, installed_at_ms);
             changed.push(entry);
         }
+        let used = code_bytes(entries.iter().chain(&changed));
+        // Past the quota only by growing: an install that adds nothing is never refused.
+        if used > code_quota && used > before {
+            return Err(InstallError::CodeQuota {
+                used,
+                quota: code_quota,
+            });
+        }
+        Ok(changed)
+    }
+
+    /// Stores the entries `plan_versions` made, and serves them. The caller holds the entry
+    /// lock and has stored their blob.
+    fn commit_versions(&self, tenant: &str, changed: Vec<ToolEntry>) -> Result<(), InstallError> {
         self.store.put_tool_entries(&changed)?;
         for entry in &changed {
             self.tools.insert(tenant_tool(entry)?);

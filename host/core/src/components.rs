@@ -30,7 +30,7 @@ pub(crate) struct Components {
 pub(crate) struct NewComponent {
     pub sha: String,
     pub prepared: Prepared,
-    bytes: Vec<u8>,
+    pub bytes: Vec<u8>,
     /// The sealed artifact, or `None` when the store already holds it (and the component).
     sealed: Option<Vec<u8>>,
 }

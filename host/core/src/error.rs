@@ -72,6 +72,17 @@ pub enum InstallError {
         /// The limit, in words.
         message: String,
     },
+    /// The tenant's kept versions would hold more code than its quota.
+    #[error(
+        "the tenant's tools would hold {used} bytes of code (every kept version's component or \
+         source); its quota is {quota} (code_quota_bytes): remove tools or old versions first"
+    )]
+    CodeQuota {
+        /// Bytes the kept versions would hold with this install.
+        used: u64,
+        /// The quota.
+        quota: u64,
+    },
     /// The name is a native tool's.
     #[error("tool `{0}`: the name belongs to a native tool of this host")]
     NativeName(String),

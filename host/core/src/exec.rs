@@ -18,7 +18,7 @@ use toolhost_store::{SourceKind, Store};
 
 use crate::catalog::JsSource;
 use crate::components::Components;
-use crate::grants;
+use crate::grants::{self, TenantFiles};
 use crate::http_tool::HttpRequestDef;
 use crate::metrics::Metrics;
 use crate::registry::{NativeTool, TenantTool};
@@ -33,8 +33,8 @@ pub(crate) struct Executors {
     components: Arc<Components>,
     store: Arc<dyn Store>,
     egress: Arc<EgressConfig>,
-    /// Where tenants' granted directories live, one directory per tenant.
-    files_dir: Option<PathBuf>,
+    /// Tenants' granted directories, and their budgets; `None` for an in-memory host.
+    files: Option<TenantFiles>,
     /// Parsed HTTP request definitions by blob sha256; small, and shared by versions.
     http_requests: Mutex<HashMap<String, Arc<HttpRequestDef>>>,
     /// Stored JS sources by blob sha256.
@@ -54,7 +54,7 @@ impl Executors {
             components,
             store,
             egress: Arc::new(egress),
-            files_dir,
+            files: files_dir.map(TenantFiles::new),
             http_requests: Mutex::default(),
             js_sources: Mutex::default(),
             metrics,
@@ -62,8 +62,7 @@ impl Executors {
     }
 
     pub fn tenant_files(&self, tenant: &str) -> Option<PathBuf> {
-        let files_dir = self.files_dir.as_deref()?;
-        Some(grants::tenant_dir(files_dir, tenant))
+        Some(self.files.as_ref()?.root(tenant))
     }
 
     /// An HTTP tool: its stored request, within the call's deadline.
@@ -130,8 +129,8 @@ impl Executors {
             },
             None => Entry::Tool { args: &args },
         };
-        let root = self.tenant_files(&ctx.tenant);
-        let permissions = grants::permissions(policy, &ctx.tool, root, &self.egress, helpers);
+        let call = (&*ctx.tenant, &*ctx.tool);
+        let permissions = grants::permissions(policy, call, self.files.as_ref(), &self.egress);
         let mut permissions = match permissions.await {
             Ok(permissions) => permissions,
             Err(message) => return internal(message),

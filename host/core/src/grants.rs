@@ -1,23 +1,30 @@
 //! What a tenant's policy grants one tool, as the sandbox's [`Permissions`]: HTTP
-//! destinations, and directories under the tenant's files root (read-only for the call while
-//! the tenant is at its files quota).
+//! destinations, and directories under the tenant's files root, whose writes are charged to
+//! the tenant's files budget.
 //!
 //! A granted directory is opened beneath the tenant's root one component at a time, never
 //! following a symlink, and handed to the sandbox as that open handle. A tool can plant
 //! symlinks and rename directories inside its writable grants; neither can point another
 //! grant (a nested one, or the next call's) outside the tenant's root.
+//!
+//! The budget counts the tenant's files once, then every write the sandbox charges. Deletes
+//! are found by a recount, which runs when a write was refused since the last one.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rustix::fs::{Mode, OFlags};
 
 use toolhost_sandbox::egress::EgressConfig;
-use toolhost_sandbox::{Helpers, Permissions, Preopen};
-use toolhost_spec::call::Level;
+use toolhost_sandbox::{FilesBudget, Permissions, Preopen};
 use toolhost_spec::digest::sha256_hex;
-use toolhost_spec::policy::{DEFAULT_FILES_QUOTA_BYTES, DirGrant, TenantPolicy};
+use toolhost_spec::policy::{DirGrant, TenantPolicy};
+
+/// A tenant refused a write recounts its files at most this often, however often it calls.
+const RECOUNT_AFTER_REFUSAL: Duration = Duration::from_secs(1);
 
 /// The directory that holds `tenant`'s granted directories under `files_dir`. Tenant ids may
 /// hold any printable character, so one is never a path component as is.
@@ -26,26 +33,87 @@ pub fn tenant_dir(files_dir: &Path, tenant: &str) -> PathBuf {
 }
 
 /// The sandbox's view of `grants` under the tenant's `root`: pure, so the mapping is tested
-/// without a sandbox. `full`: the tenant is at its files quota, so nothing is writable.
-pub fn preopens(grants: &[DirGrant], root: &Path, full: bool) -> Vec<Preopen> {
+/// without a sandbox.
+pub fn preopens(grants: &[DirGrant], root: &Path) -> Vec<Preopen> {
     grants
         .iter()
         .map(|grant| Preopen {
             host: root.join(&grant.dir),
             guest: grant.guest.clone(),
-            write: grant.write && !full,
+            write: grant.write,
             handle: None,
         })
         .collect()
 }
 
-/// The permissions of one call of `tool`; `tenant_root` is `None` for an in-memory host.
+/// Every tenant's files, under one directory, with each tenant's budget.
+pub(crate) struct TenantFiles {
+    dir: PathBuf,
+    budgets: Mutex<HashMap<String, Counted>>,
+}
+
+#[derive(Clone)]
+struct Counted {
+    budget: Arc<FilesBudget>,
+    at: Instant,
+}
+
+impl TenantFiles {
+    pub fn new(dir: PathBuf) -> Self {
+        TenantFiles {
+            dir,
+            budgets: Mutex::default(),
+        }
+    }
+
+    pub fn root(&self, tenant: &str) -> PathBuf {
+        tenant_dir(&self.dir, tenant)
+    }
+
+    /// The tenant's budget, with its quota as the policy now sets it: counted from the
+    /// tenant's files the first time, and again if a write was refused since the last count
+    /// (deletes may have made room).
+    async fn budget(&self, tenant: &str, quota: u64) -> Result<Arc<FilesBudget>, String> {
+        let known = self.lock().get(tenant).cloned();
+        if let Some(counted) = &known {
+            counted.budget.set_quota(quota);
+            let recount = counted.budget.refused_since_recount()
+                && counted.at.elapsed() >= RECOUNT_AFTER_REFUSAL;
+            if !recount {
+                return Ok(counted.budget.clone());
+            }
+        }
+        let root = self.root(tenant);
+        let used = tokio::task::spawn_blocking(move || bytes_under(&root))
+            .await
+            .map_err(|e| e.to_string())?;
+        let budget = match known {
+            Some(counted) => {
+                counted.budget.recounted(used);
+                counted.budget
+            }
+            None => Arc::new(FilesBudget::new(quota, used)),
+        };
+        let counted = Counted {
+            budget: budget.clone(),
+            at: Instant::now(),
+        };
+        self.lock().insert(tenant.to_owned(), counted);
+        Ok(budget)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Counted>> {
+        self.budgets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The permissions of one call of `tool` for `tenant`; `files` is `None` for an in-memory
+/// host.
 pub async fn permissions(
     policy: &TenantPolicy,
-    tool: &str,
-    tenant_root: Option<PathBuf>,
+    (tenant, tool): (&str, &str),
+    files: Option<&TenantFiles>,
     egress: &Arc<EgressConfig>,
-    helpers: &Helpers,
 ) -> Result<Permissions, String> {
     let grants = policy.grants_for(tool);
     let mut permissions = Permissions {
@@ -53,45 +121,28 @@ pub async fn permissions(
         egress: egress.clone(),
         dirs: Vec::new(),
         tools: None,
+        files: None,
     };
     if grants.filesystem.is_empty() {
         return Ok(permissions);
     }
-    let root =
-        tenant_root.ok_or("filesystem grants need a data directory (HostConfig::data_dir)")?;
-    let quota = policy
-        .files_quota_bytes
-        .unwrap_or(DEFAULT_FILES_QUOTA_BYTES);
-    let dirs = grants.filesystem;
-    let (dirs, used) = tokio::task::spawn_blocking(move || {
+    let files = files.ok_or("filesystem grants need a data directory (HostConfig::data_dir)")?;
+    let budget = files.budget(tenant, policy.files_quota()).await?;
+    let (root, dirs) = (files.root(tenant), grants.filesystem);
+    permissions.dirs = tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(&root)
             .map_err(|e| format!("cannot create the tenant's files directory: {e}"))?;
-        let mut opened = preopens(&dirs, &root, false);
+        let mut opened = preopens(&dirs, &root);
         for (preopen, grant) in opened.iter_mut().zip(&dirs) {
             let handle = open_beneath(&root, &grant.dir)
                 .map_err(|e| format!("cannot open the granted directory {}: {e}", grant.dir))?;
             preopen.handle = Some(Arc::new(handle));
         }
-        Ok::<_, String>((opened, bytes_under(&root)))
+        Ok::<_, String>(opened)
     })
     .await
     .map_err(|e| e.to_string())??;
-    let full = used >= quota;
-    if full {
-        helpers.log(
-            Level::Warn,
-            &format!(
-                "the tenant's files hold {used} bytes, at or over its quota of {quota} (files_quota_bytes): granted directories are read-only for this call"
-            ),
-        );
-    }
-    permissions.dirs = dirs
-        .into_iter()
-        .map(|dir| Preopen {
-            write: dir.write && !full,
-            ..dir
-        })
-        .collect();
+    permissions.files = Some(budget);
     Ok(permissions)
 }
 
@@ -137,7 +188,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grants_map_under_the_tenant_root_and_a_full_quota_makes_them_read_only() {
+    fn grants_map_under_the_tenant_root() {
         let grants = [
             DirGrant {
                 dir: "notes".into(),
@@ -151,11 +202,10 @@ mod tests {
             },
         ];
         let root = Path::new("/files/abc");
-        let open = preopens(&grants, root, false);
+        let open = preopens(&grants, root);
         assert_eq!(open[0].host, Path::new("/files/abc/notes"));
         assert_eq!((open[0].write, open[1].write), (true, false));
         assert_eq!(open[1].guest, "/ro");
-        assert!(preopens(&grants, root, true).iter().all(|p| !p.write));
     }
 
     #[test]

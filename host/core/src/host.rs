@@ -125,13 +125,15 @@ impl Host {
         component: Vec<u8>,
     ) -> Result<Vec<ToolSpec>, InstallError> {
         let _admitted = self.pipeline.admit_install(tenant).await?;
-        self.catalog.install(tenant, component).await
+        let quota = self.policy(tenant).code_quota();
+        self.catalog.install(tenant, component, quota).await
     }
 
     /// Installs a tool with no code that makes one HTTP request (see [`HttpToolDef`]). Like
     /// a component's tool, a name that exists gets a new version.
     pub fn install_http(&self, tenant: &str, def: HttpToolDef) -> Result<ToolSpec, InstallError> {
-        self.catalog.install_http(tenant, def)
+        self.catalog
+            .install_http(tenant, def, self.policy(tenant).code_quota())
     }
 
     /// Installs a stored-source JavaScript tool: an ES module that exports its `spec` and,
@@ -140,7 +142,8 @@ impl Host {
     /// the default limits, to read its spec; a syntax error names the line and column.
     pub async fn install_js(&self, tenant: &str, source: &str) -> Result<ToolSpec, InstallError> {
         let _admitted = self.pipeline.admit_install(tenant).await?;
-        self.catalog.install_js(tenant, source).await
+        let quota = self.policy(tenant).code_quota();
+        self.catalog.install_js(tenant, source, quota).await
     }
 
     /// Tools an agent of `tenant` may see: natives, then the tenant's own. Private ones are left out.

@@ -884,7 +884,7 @@ mod tests {
     fn render(request: Value, args: Value) -> Result<Rendered, ToolError> {
         let def = def(request);
         let store = std::sync::Arc::new(toolhost_store::RedbStore::temporary().unwrap());
-        let helpers = Helpers::for_call(store, "acme", "t", &[]);
+        let helpers = Helpers::for_call(store, "acme", "t", &[], 1 << 20);
         Filler {
             args: &args,
             helpers: &helpers,

@@ -134,7 +134,14 @@ impl Pipeline {
         };
         let resolved = self.catalog.resolve(&caller.tenant, name);
         let config_keys = resolved.as_ref().map_or(&[][..], |r| &r.spec().config[..]);
-        let helpers = Helpers::for_call(self.store.clone(), &ctx.tenant, name, config_keys);
+        let data_quota = self.tenants.policy(&ctx.tenant).data_quota();
+        let helpers = Helpers::for_call(
+            self.store.clone(),
+            &ctx.tenant,
+            name,
+            config_keys,
+            data_quota,
+        );
         let mut outcome = CallOutcome::new(ctx.call_id.clone(), ctx.tool.clone());
         if let Some(tool) = &resolved {
             let run = (budget, cancel);
@@ -363,7 +370,7 @@ impl Pipeline {
             )
         });
         if let Some(key) = &cache_key {
-            match self.store.cache_get(key, now_ms()) {
+            match self.store.cache_get(&ctx.tenant, key, now_ms()) {
                 Ok(Some(value)) => {
                     outcome.result = Ok(value);
                     outcome.cache_hit = true;
@@ -415,7 +422,13 @@ impl Pipeline {
                 let (value, clipped) = clip(value, spec.limits.max_result_chars as usize);
                 outcome.clipped = clipped;
                 if let (Some(key), Some(cache)) = (&cache_key, &spec.cache)
-                    && let Err(error) = self.store.cache_put(key, now_ms() + cache.ttl_ms, &value)
+                    && let Err(error) = self.store.cache_put(
+                        &ctx.tenant,
+                        key,
+                        now_ms() + cache.ttl_ms,
+                        &value,
+                        policy.data_quota(),
+                    )
                 {
                     tracing::warn!(%error, "result not cached");
                 }

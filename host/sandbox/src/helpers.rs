@@ -31,6 +31,8 @@ struct Scope {
     tenant: String,
     tool: String,
     config_keys: Vec<String>,
+    /// Bytes the tenant's data may hold in the store (its policy's `data_quota_bytes`).
+    data_quota: u64,
 }
 
 /// A helper call the host refused or could not serve; the message is for the tool.
@@ -57,18 +59,21 @@ pub(crate) enum Stream {
 }
 
 impl Helpers {
-    /// The helpers of one call of `tool` for `tenant`.
+    /// The helpers of one call of `tool` for `tenant`, whose data may hold `data_quota`
+    /// bytes.
     pub fn for_call(
         store: Arc<dyn Store>,
         tenant: &str,
         tool: &str,
         config_keys: &[String],
+        data_quota: u64,
     ) -> Self {
         let scope = Scope {
             store,
             tenant: tenant.to_owned(),
             tool: tool.to_owned(),
             config_keys: config_keys.to_vec(),
+            data_quota,
         };
         Helpers {
             log: Arc::default(),
@@ -92,7 +97,7 @@ impl Helpers {
             .map_err(storage)
     }
 
-    /// Sets a KV value, within the key, value and count limits.
+    /// Sets a KV value, within the key, value and count limits and the tenant's data quota.
     pub fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), HelperError> {
         let scope = self.scope()?;
         check_kv_key(key)?;
@@ -109,7 +114,9 @@ impl Helpers {
                 "kv: this tool already has {MAX_KV_KEYS} keys, the limit"
             )));
         }
-        store.kv_set(tenant, tool, key, value).map_err(storage)
+        store
+            .kv_set(tenant, tool, key, value, scope.data_quota)
+            .map_err(storage)
     }
 
     /// Whether the key existed.
@@ -218,6 +225,9 @@ fn check_kv_key(key: &str) -> Result<(), HelperError> {
 }
 
 fn storage(error: toolhost_store::StoreError) -> HelperError {
+    if let toolhost_store::StoreError::Quota { .. } = error {
+        return HelperError(format!("kv: {error}"));
+    }
     tracing::error!(%error, "helper storage failure");
     HelperError("storage is unavailable; try again".into())
 }
@@ -234,6 +244,7 @@ mod tests {
             "acme",
             tool,
             &["TOKEN".into(), "REGION".into()],
+            100 << 20,
         );
         (store, helpers)
     }
@@ -261,6 +272,29 @@ mod tests {
         );
         assert!(h.kv_delete("k0").unwrap());
         h.kv_set("one-more", b"v").unwrap();
+    }
+
+    #[test]
+    fn kv_writes_stop_at_the_tenants_data_quota_and_deletes_give_bytes_back() {
+        let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
+        let quota = 3 * MAX_KV_VALUE_BYTES as u64;
+        let one = Helpers::for_call(store.clone(), "acme", "one", &[], quota);
+        let two = Helpers::for_call(store.clone(), "acme", "two", &[], quota);
+        let other = Helpers::for_call(store.clone(), "globex", "one", &[], quota);
+        let value = vec![7; MAX_KV_VALUE_BYTES];
+        one.kv_set("a", &value).unwrap();
+        one.kv_set("b", &value).unwrap();
+        // The quota is the tenant's, across its tools.
+        let refused = two.kv_set("c", &value).unwrap_err().0;
+        assert!(refused.contains("data_quota_bytes"), "{refused}");
+        // Overwriting in place adds nothing; another tenant has its own quota.
+        one.kv_set("a", &value).unwrap();
+        other.kv_set("c", &value).unwrap();
+        assert!(two.kv_delete("c").is_ok_and(|existed| !existed));
+        assert!(one.kv_delete("b").unwrap());
+        two.kv_set("c", &value).unwrap();
+        let held = store.data_bytes("acme").unwrap();
+        assert_eq!(held, 2 * (MAX_KV_VALUE_BYTES as u64 + 1 + 3 + 4 + 2));
     }
 
     #[test]

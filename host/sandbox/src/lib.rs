@@ -10,11 +10,13 @@
 #![deny(missing_docs)]
 
 pub mod egress;
+mod files;
 pub mod helpers;
 #[cfg(feature = "wasi-http")]
 mod outbound;
 mod redact;
 mod sandbox;
 
+pub use files::FilesBudget;
 pub use helpers::{HelperError, Helpers};
 pub use sandbox::*;

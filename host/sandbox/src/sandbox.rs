@@ -26,6 +26,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::egress::EgressConfig;
+use crate::files::{self, FilesBudget, FilesQuota};
 use crate::helpers::{Helpers, Stream};
 #[cfg(feature = "wasi-http")]
 use crate::outbound::Outbound;
@@ -162,6 +163,8 @@ pub struct Permissions {
     pub dirs: Vec<Preopen>,
     /// Where `call-tool` requests go; `None`: the guest may not call other tools.
     pub tools: Option<tokio::sync::mpsc::Sender<NestedCall>>,
+    /// The tenant's files budget, which writes to `dirs` are charged to; `None`: unbounded.
+    pub files: Option<Arc<FilesBudget>>,
 }
 
 /// A guest's `call-tool`: served by whoever runs the call, answered on `reply`.
@@ -266,6 +269,7 @@ impl Sandbox {
         let engine = engine(&config)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+        files::add_to_linker(&mut linker)?;
         #[cfg(feature = "wasi-http")]
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)?;
         use bindings::toolhost::plugin::{helpers, types};
@@ -591,10 +595,15 @@ fn new_store(
         wasi.preopened_dir(&host, &dir.guest, perms)
             .map_err(|e| format!("cannot open the granted directory {}: {e}", dir.guest))?;
     }
+    let files = permissions.files.clone().map(|budget| FilesQuota {
+        budget,
+        helpers: helpers.clone(),
+    });
     let state = CallState {
         tools: permissions.tools.clone(),
         deadline,
         wasi: wasi.build(),
+        files,
         #[cfg(feature = "wasi-http")]
         http: WasiHttpCtx::new(),
         #[cfg(feature = "wasi-http")]
@@ -675,12 +684,13 @@ fn classify(state: &CallState, error: &wasmtime::Error) -> Fault {
 pub struct CallState {
     tools: Option<tokio::sync::mpsc::Sender<NestedCall>>,
     deadline: Instant,
-    wasi: WasiCtx,
+    pub(crate) wasi: WasiCtx,
+    pub(crate) files: Option<FilesQuota>,
     #[cfg(feature = "wasi-http")]
     http: WasiHttpCtx,
     #[cfg(feature = "wasi-http")]
     outbound: Outbound,
-    table: ResourceTable,
+    pub(crate) table: ResourceTable,
     memory: MemoryCap,
     helpers: Helpers,
 }

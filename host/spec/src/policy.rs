@@ -43,6 +43,16 @@ pub struct TenantPolicy {
     /// at or over it gets its directories read-only. Default [`DEFAULT_FILES_QUOTA_BYTES`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub files_quota_bytes: Option<u64>,
+    /// Bytes of data the tenant's tools keep in the store: KV keys and values, and cached
+    /// results. A KV write past it fails (the tool gets an error naming it); a result past it
+    /// is not cached. Default [`DEFAULT_DATA_QUOTA_BYTES`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_quota_bytes: Option<u64>,
+    /// Bytes of code the tenant's kept tool versions hold: components, JS source and HTTP
+    /// definitions, each distinct one counted once. An install past it is refused. Default
+    /// [`DEFAULT_CODE_QUOTA_BYTES`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code_quota_bytes: Option<u64>,
 }
 
 /// The largest `share_weight`.
@@ -50,6 +60,27 @@ pub const MAX_SHARE_WEIGHT: u32 = 8;
 
 /// The tenant's files quota when its policy sets none.
 pub const DEFAULT_FILES_QUOTA_BYTES: u64 = 100 << 20;
+/// The tenant's data quota (KV and cached results) when its policy sets none.
+pub const DEFAULT_DATA_QUOTA_BYTES: u64 = 256 << 20;
+/// The tenant's code quota (kept versions' components and sources) when its policy sets none.
+pub const DEFAULT_CODE_QUOTA_BYTES: u64 = 1 << 30;
+
+impl TenantPolicy {
+    /// `files_quota_bytes`, or its default.
+    pub fn files_quota(&self) -> u64 {
+        self.files_quota_bytes.unwrap_or(DEFAULT_FILES_QUOTA_BYTES)
+    }
+
+    /// `data_quota_bytes`, or its default.
+    pub fn data_quota(&self) -> u64 {
+        self.data_quota_bytes.unwrap_or(DEFAULT_DATA_QUOTA_BYTES)
+    }
+
+    /// `code_quota_bytes`, or its default.
+    pub fn code_quota(&self) -> u64 {
+        self.code_quota_bytes.unwrap_or(DEFAULT_CODE_QUOTA_BYTES)
+    }
+}
 
 /// Capabilities granted to a tool.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -28,7 +28,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -66,6 +66,10 @@ pub struct ToolVersion {
     /// sha256 (hex) of the blob that implements it: the component, the HTTP request
     /// definition (JSON), or the JS source and the runtime it runs on (JSON).
     pub component: String,
+    /// That blob's size in bytes, charged to the tenant's code quota (0 in records written
+    /// before sizes were kept).
+    #[serde(default)]
+    pub bytes: u64,
     /// When it was installed (Unix milliseconds).
     pub installed_at_ms: u64,
 }
@@ -104,6 +108,7 @@ impl ToolEntry {
         kind: SourceKind,
         spec: ToolSpec,
         component: String,
+        bytes: u64,
         installed_at_ms: u64,
     ) {
         let version = self.versions.last().map_or(1, |v| v.version + 1);
@@ -112,12 +117,22 @@ impl ToolEntry {
             kind,
             spec,
             component,
+            bytes,
             installed_at_ms,
         });
         let excess = self.versions.len().saturating_sub(MAX_VERSIONS_KEPT);
         self.versions.drain(..excess);
         self.current = version;
     }
+}
+
+/// Bytes of code `entries` hold: the blob of every kept version, each distinct one once.
+pub fn code_bytes<'a>(entries: impl IntoIterator<Item = &'a ToolEntry>) -> u64 {
+    let mut blobs = std::collections::HashMap::new();
+    for version in entries.into_iter().flat_map(|entry| &entry.versions) {
+        blobs.insert(&version.component, version.bytes);
+    }
+    blobs.values().sum()
 }
 
 /// An API key, stored by the sha256 of the key: the key itself is never stored.
@@ -171,6 +186,19 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The write would take the tenant's data past its quota.
+    #[error(
+        "the tenant's data (KV values and cached results) holds {used} bytes; {adding} more \
+         would pass its quota of {quota} (data_quota_bytes)"
+    )]
+    Quota {
+        /// Bytes held now.
+        used: u64,
+        /// Bytes the write would add.
+        adding: u64,
+        /// The quota.
+        quota: u64,
+    },
     /// A sealed secret cannot be opened (a different or missing secrets key).
     #[error("the secret `{name}` is sealed and cannot be read: {reason}")]
     Sealed {
@@ -217,21 +245,31 @@ pub trait Store: Send + Sync {
     /// many. Removes nothing while a tool record is unreadable: what it refers to is unknown.
     fn collect_blobs(&self, live: &dyn Fn(&str) -> bool) -> Result<usize>;
 
-    /// A cached result, unless it expired by `now_ms`.
-    fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>>;
-    /// Caches a result until `expires_at_ms`.
-    fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()>;
+    /// A tenant's cached result, unless it expired by `now_ms`.
+    fn cache_get(&self, tenant: &str, key: &[u8], now_ms: u64) -> Result<Option<Value>>;
+    /// Caches a tenant's result until `expires_at_ms`, within the tenant's data quota (its
+    /// expired results are dropped first if the quota is reached).
+    fn cache_put(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expires_at_ms: u64,
+        value: &Value,
+        quota: u64,
+    ) -> Result<()>;
     /// Drops expired results; returns how many.
     fn cache_purge(&self, now_ms: u64) -> Result<usize>;
 
     /// A tool's KV value.
     fn kv_get(&self, tenant: &str, tool: &str, key: &str) -> Result<Option<Vec<u8>>>;
-    /// Sets a tool's KV value.
-    fn kv_set(&self, tenant: &str, tool: &str, key: &str, value: &[u8]) -> Result<()>;
+    /// Sets a tool's KV value, unless it would take the tenant's data past `quota` bytes.
+    fn kv_set(&self, tenant: &str, tool: &str, key: &str, value: &[u8], quota: u64) -> Result<()>;
     /// Deletes a tool's KV value; false if there was none.
     fn kv_delete(&self, tenant: &str, tool: &str, key: &str) -> Result<bool>;
     /// How many KV keys a tool holds.
     fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize>;
+    /// Bytes of the tenant's data: its KV keys and values and its cached results.
+    fn data_bytes(&self, tenant: &str) -> Result<u64>;
 
     /// A tenant's configuration value (opened, if sealed).
     fn config_get(&self, tenant: &str, key: &str) -> Result<Option<ConfigValue>>;
@@ -331,7 +369,9 @@ const KEYS: Table = TableDefinition::new("keys");
 const POLICIES: Table = TableDefinition::new("policies");
 const HELD_CALLS: Table = TableDefinition::new("held_calls");
 const SEARCH_VECTORS: Table = TableDefinition::new("search_vectors");
-const TABLES: [Table; 11] = [
+/// Bytes of each tenant's data (KV and cache entries, keys included), kept with every write.
+const USAGE: Table = TableDefinition::new("usage");
+const TABLES: [Table; 12] = [
     TOOLS,
     BLOBS,
     ARTIFACTS,
@@ -343,6 +383,7 @@ const TABLES: [Table; 11] = [
     POLICIES,
     HELD_CALLS,
     SEARCH_VECTORS,
+    USAGE,
 ];
 
 /// The store's file in the data directory.
@@ -462,10 +503,15 @@ impl RedbStore {
             lazy_commits: AtomicU32::new(0),
             file: None,
         };
-        // Every table exists from the start, so that a read never meets a missing one.
+        // Every table exists from the start, so that a read never meets a missing one. A
+        // store written before usage was kept gets it counted once.
         store.write(Commit::Durable, |tx| {
+            let counted = tx.list_tables()?.any(|table| table.name() == USAGE.name());
             for table in TABLES {
                 tx.open_table(table)?;
+            }
+            if !counted {
+                recount_usage(tx)?;
             }
             Ok(())
         })?;
@@ -611,6 +657,102 @@ fn cache_expiry(stored: &[u8]) -> u64 {
         .map_or(0, u64::from_be_bytes)
 }
 
+/// A tenant's cached result is keyed under the tenant, so that its bytes are charged to it.
+fn cache_key(tenant: &str, key: &[u8]) -> Vec<u8> {
+    [tenant.as_bytes(), b"\0", key].concat()
+}
+
+/// The tenant a KV or cache key belongs to: its first part.
+fn key_tenant(key: &[u8]) -> String {
+    let end = key.iter().position(|&b| b == 0).unwrap_or(key.len());
+    String::from_utf8_lossy(&key[..end]).into_owned()
+}
+
+/// What an entry costs its tenant: key and value, or nothing if there is none.
+fn entry_bytes(key: &[u8], value_len: Option<usize>) -> i64 {
+    value_len.map_or(0, |len| (key.len() + len) as i64)
+}
+
+fn be_u64(bytes: &[u8]) -> u64 {
+    bytes.try_into().map_or(0, u64::from_be_bytes)
+}
+
+/// Whether adding `delta` bytes to `used` passes `quota` (shrinking never does).
+fn over(used: u64, delta: i64, quota: u64) -> bool {
+    delta > 0 && used.saturating_add(delta as u64) > quota
+}
+
+fn quota_error(used: u64, delta: i64, quota: u64) -> StoreError {
+    StoreError::Quota {
+        used,
+        adding: delta.max(0) as u64,
+        quota,
+    }
+}
+
+/// Bytes of `tenant`'s data, as counted in the transaction.
+fn usage(tx: &redb::WriteTransaction, tenant: &str) -> std::result::Result<u64, redb::Error> {
+    let table = tx.open_table(USAGE)?;
+    let stored = table.get(tenant.as_bytes())?;
+    Ok(stored.map_or(0, |v| be_u64(v.value())))
+}
+
+/// Adds `delta` bytes (negative: frees) to `tenant`'s count.
+fn charge(
+    tx: &redb::WriteTransaction,
+    tenant: &str,
+    delta: i64,
+) -> std::result::Result<(), redb::Error> {
+    if delta == 0 {
+        return Ok(());
+    }
+    let used = usage(tx, tenant)?.saturating_add_signed(delta);
+    tx.open_table(USAGE)?
+        .insert(tenant.as_bytes(), &used.to_be_bytes()[..])?;
+    Ok(())
+}
+
+/// Removes the expired results under `prefix`; the bytes they held.
+fn purge_expired(
+    cache: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
+    prefix: &[u8],
+    now_ms: u64,
+) -> std::result::Result<i64, redb::Error> {
+    let mut expired = Vec::new();
+    for entry in cache.range(prefix..)? {
+        let (key, stored) = entry?;
+        if !key.value().starts_with(prefix) {
+            break;
+        }
+        if cache_expired(cache_expiry(stored.value()), now_ms) {
+            expired.push(key.value().to_vec());
+        }
+    }
+    let mut freed = 0;
+    for key in expired {
+        let removed = cache.remove(&key[..])?.map(|v| v.value().len());
+        freed += entry_bytes(&key, removed);
+    }
+    Ok(freed)
+}
+
+/// Counts every tenant's data from its KV and cache entries.
+fn recount_usage(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
+    let mut used: std::collections::HashMap<String, u64> = Default::default();
+    for table in [KV, CACHE] {
+        for entry in tx.open_table(table)?.iter()? {
+            let (key, value) = entry?;
+            *used.entry(key_tenant(key.value())).or_default() +=
+                (key.value().len() + value.value().len()) as u64;
+        }
+    }
+    let mut usage = tx.open_table(USAGE)?;
+    for (tenant, bytes) in used {
+        usage.insert(tenant.as_bytes(), &bytes.to_be_bytes()[..])?;
+    }
+    Ok(())
+}
+
 impl Store for RedbStore {
     fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
         let entries = self.scan(TOOLS, b"")?;
@@ -738,53 +880,115 @@ impl Store for RedbStore {
         Ok(dead.len())
     }
 
-    fn cache_get(&self, key: &[u8], now_ms: u64) -> Result<Option<Value>> {
-        let Some(stored) = self.get(CACHE, key)? else {
+    fn cache_get(&self, tenant: &str, key: &[u8], now_ms: u64) -> Result<Option<Value>> {
+        let key = cache_key(tenant, key);
+        let Some(stored) = self.get(CACHE, &key)? else {
             return Ok(None);
         };
         if cache_expired(cache_expiry(&stored), now_ms) {
-            self.remove(CACHE, key)?;
+            self.write(Commit::Durable, |tx| {
+                let removed = tx
+                    .open_table(CACHE)?
+                    .remove(&key[..])?
+                    .map(|v| v.value().len());
+                charge(tx, tenant, -entry_bytes(&key, removed))
+            })?;
             return Ok(None);
         }
         // A damaged entry is a miss, not an error: the tool can always run again.
         Ok(serde_json::from_slice(&stored[8..]).ok())
     }
 
-    fn cache_put(&self, key: &[u8], expires_at_ms: u64, value: &Value) -> Result<()> {
+    fn cache_put(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expires_at_ms: u64,
+        value: &Value,
+        quota: u64,
+    ) -> Result<()> {
         let json = serde_json::to_vec(value).expect("a Value serializes");
         let stored = [&expires_at_ms.to_be_bytes()[..], &json].concat();
-        self.put(CACHE, key, &stored, Commit::Lazy)
+        let key = cache_key(tenant, key);
+        self.write(Commit::Lazy, |tx| {
+            let mut cache = tx.open_table(CACHE)?;
+            let old = cache.get(&key[..])?.map(|v| v.value().len());
+            let delta = entry_bytes(&key, Some(stored.len())) - entry_bytes(&key, old);
+            let mut used = usage(tx, tenant)?;
+            if over(used, delta, quota) {
+                let freed = purge_expired(&mut cache, &cache_key(tenant, b""), now_ms())?;
+                charge(tx, tenant, -freed)?;
+                used = usage(tx, tenant)?;
+            }
+            if over(used, delta, quota) {
+                return Ok(Err(quota_error(used, delta, quota)));
+            }
+            cache.insert(&key[..], &stored[..])?;
+            charge(tx, tenant, delta)?;
+            Ok(Ok(()))
+        })?
     }
 
     fn cache_purge(&self, now_ms: u64) -> Result<usize> {
-        let expired: Vec<Vec<u8>> = self
-            .scan(CACHE, b"")?
-            .into_iter()
-            .filter(|(_, stored)| cache_expired(cache_expiry(stored), now_ms))
-            .map(|(key, _)| key)
-            .collect();
-        if !expired.is_empty() {
-            self.write(Commit::Durable, |tx| {
-                let mut cache = tx.open_table(CACHE)?;
-                for key in &expired {
-                    cache.remove(&key[..])?;
-                }
-                Ok(())
-            })?;
-        }
-        Ok(expired.len())
+        self.write(Commit::Durable, |tx| {
+            let mut cache = tx.open_table(CACHE)?;
+            let mut freed: std::collections::HashMap<String, i64> = Default::default();
+            let expired: Vec<Vec<u8>> = cache
+                .iter()?
+                .filter_map(|entry| {
+                    let (key, stored) = entry.ok()?;
+                    cache_expired(cache_expiry(stored.value()), now_ms)
+                        .then(|| key.value().to_vec())
+                })
+                .collect();
+            for key in &expired {
+                let removed = cache.remove(&key[..])?.map(|v| v.value().len());
+                *freed.entry(key_tenant(key)).or_default() += entry_bytes(key, removed);
+            }
+            for (tenant, bytes) in freed {
+                charge(tx, &tenant, -bytes)?;
+            }
+            Ok(expired.len())
+        })
     }
 
     fn kv_get(&self, tenant: &str, tool: &str, k: &str) -> Result<Option<Vec<u8>>> {
         self.get(KV, &key(&[tenant, tool, k]))
     }
 
-    fn kv_set(&self, tenant: &str, tool: &str, k: &str, value: &[u8]) -> Result<()> {
-        self.put(KV, &key(&[tenant, tool, k]), value, Commit::Durable)
+    fn kv_set(&self, tenant: &str, tool: &str, k: &str, value: &[u8], quota: u64) -> Result<()> {
+        let key = key(&[tenant, tool, k]);
+        self.write(Commit::Durable, |tx| {
+            let mut kv = tx.open_table(KV)?;
+            let old = kv.get(&key[..])?.map(|v| v.value().len());
+            let delta = entry_bytes(&key, Some(value.len())) - entry_bytes(&key, old);
+            let used = usage(tx, tenant)?;
+            if over(used, delta, quota) {
+                return Ok(Err(quota_error(used, delta, quota)));
+            }
+            kv.insert(&key[..], value)?;
+            charge(tx, tenant, delta)?;
+            Ok(Ok(()))
+        })?
     }
 
     fn kv_delete(&self, tenant: &str, tool: &str, k: &str) -> Result<bool> {
-        self.remove(KV, &key(&[tenant, tool, k]))
+        let key = key(&[tenant, tool, k]);
+        self.write(Commit::Durable, |tx| {
+            let removed = tx
+                .open_table(KV)?
+                .remove(&key[..])?
+                .map(|v| v.value().len());
+            charge(tx, tenant, -entry_bytes(&key, removed))?;
+            Ok(removed.is_some())
+        })
+    }
+
+    fn data_bytes(&self, tenant: &str) -> Result<u64> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        let table = tx.open_table(USAGE).map_err(backend)?;
+        let stored = table.get(tenant.as_bytes()).map_err(backend)?;
+        Ok(stored.map_or(0, |v| be_u64(v.value())))
     }
 
     fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize> {
@@ -1025,21 +1229,67 @@ mod tests {
     #[test]
     fn cached_results_expire() {
         let store = RedbStore::temporary().unwrap();
-        store.cache_put(b"k", 1_000, &json!({"a": 1})).unwrap();
-        store.cache_put(b"old", 10, &json!(1)).unwrap();
-        assert_eq!(store.cache_get(b"k", 999).unwrap(), Some(json!({"a": 1})));
+        let quota = u64::MAX;
+        store
+            .cache_put("t", b"k", 1_000, &json!({"a": 1}), quota)
+            .unwrap();
+        store.cache_put("t", b"old", 10, &json!(1), quota).unwrap();
+        assert_eq!(
+            store.cache_get("t", b"k", 999).unwrap(),
+            Some(json!({"a": 1}))
+        );
+        assert_eq!(store.cache_get("u", b"k", 999).unwrap(), None, "per tenant");
         assert_eq!(store.cache_purge(500).unwrap(), 1);
-        assert_eq!(store.cache_get(b"k", 1_000).unwrap(), None);
+        assert_eq!(store.cache_get("t", b"k", 1_000).unwrap(), None);
         let left = store.scan(CACHE, b"").unwrap();
         assert!(left.is_empty(), "an expired read drops the entry");
+        assert_eq!(store.data_bytes("t").unwrap(), 0, "and its bytes");
+    }
+
+    #[test]
+    fn cached_results_stay_within_the_data_quota_dropping_expired_ones_first() {
+        let store = RedbStore::temporary().unwrap();
+        let value = json!("x".repeat(1000));
+        let (quota, later) = (2_100, now_ms() + 60_000);
+        store.cache_put("t", b"a", 100, &value, quota).unwrap();
+        store.cache_put("t", b"b", later, &value, quota).unwrap();
+        // `a` has expired by now: it makes room for `c`.
+        store.cache_put("t", b"c", later, &value, quota).unwrap();
+        let refused = store.cache_put("t", b"d", later, &value, quota);
+        assert!(
+            matches!(refused, Err(StoreError::Quota { .. })),
+            "{refused:?}"
+        );
+        assert!(store.data_bytes("t").unwrap() <= quota);
+        store.cache_put("u", b"d", later, &value, quota).unwrap();
+    }
+
+    #[test]
+    fn usage_is_counted_once_for_a_store_written_before_it_was_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = RedbStore::open(dir.path(), 1 << 20).unwrap();
+            store.kv_set("t", "tool", "k", b"value", u64::MAX).unwrap();
+            store
+                .write(Commit::Durable, |tx| {
+                    tx.delete_table(USAGE)?;
+                    Ok(())
+                })
+                .unwrap();
+        }
+        let store = RedbStore::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(
+            store.data_bytes("t").unwrap(),
+            ("t\0tool\0k".len() + 5) as u64
+        );
     }
 
     #[test]
     fn kv_and_config_are_scoped_by_tenant() {
         let store = RedbStore::temporary().unwrap();
-        store.kv_set("a", "tool", "k", b"1").unwrap();
-        store.kv_set("a", "tool", "k2", b"2").unwrap();
-        store.kv_set("ab", "tool", "k", b"3").unwrap();
+        store.kv_set("a", "tool", "k", b"1", u64::MAX).unwrap();
+        store.kv_set("a", "tool", "k2", b"2", u64::MAX).unwrap();
+        store.kv_set("ab", "tool", "k", b"3", u64::MAX).unwrap();
         assert_eq!(store.kv_get("b", "tool", "k").unwrap(), None);
         assert_eq!(store.kv_count("a", "tool").unwrap(), 2);
         assert_eq!(
@@ -1068,7 +1318,7 @@ mod tests {
             current: 0,
             versions: vec![],
         };
-        entry.push(SourceKind::Wasm, spec, "sha".into(), 1);
+        entry.push(SourceKind::Wasm, spec, "sha".into(), 10, 1);
         store.put_tool_entries(&[entry.clone()]).unwrap();
         let broken = key(&["a", "broken"]);
         store
@@ -1092,7 +1342,13 @@ mod tests {
             versions: vec![],
         };
         for i in 0..MAX_VERSIONS_KEPT + 5 {
-            entry.push(SourceKind::Wasm, spec.clone(), format!("sha{i}"), i as u64);
+            entry.push(
+                SourceKind::Wasm,
+                spec.clone(),
+                format!("sha{i}"),
+                10,
+                i as u64,
+            );
         }
         assert_eq!(entry.versions.len(), MAX_VERSIONS_KEPT);
         assert_eq!(entry.current, (MAX_VERSIONS_KEPT + 5) as u32);

@@ -143,6 +143,36 @@ fn fs_write(args: WriteArgs, _: &Context) -> Result<Value, ToolError> {
     report(std::fs::write(&args.path, args.text.as_bytes()).map(|()| args.text.len()))
 }
 
+/// Appends: the file's `append-via-stream`.
+fn fs_append(args: WriteArgs, _: &Context) -> Result<Value, ToolError> {
+    use std::io::Write;
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&args.path);
+    report(file.and_then(|mut f| f.write_all(args.text.as_bytes())))
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct SetLenArgs {
+    path: String,
+    len: u64,
+}
+
+/// Grows or shrinks a file: its `set-size`.
+fn fs_set_len(args: SetLenArgs, _: &Context) -> Result<Value, ToolError> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&args.path);
+    report(file.and_then(|f| f.set_len(args.len)))
+}
+
+fn fs_remove(args: PathArg, _: &Context) -> Result<Value, ToolError> {
+    report(std::fs::remove_file(&args.path))
+}
+
 fn fs_list(args: PathArg, _: &Context) -> Result<Value, ToolError> {
     report(std::fs::read_dir(&args.path).and_then(|entries| {
         let mut names = entries
@@ -197,8 +227,28 @@ fn busy(args: Busy, _: &Context) -> Result<&'static str, ToolError> {
     Ok("done")
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct HoldMemory {
+    mib: usize,
+    ms: u64,
+}
+
+/// Fills `mib` MiB of its memory, then holds it for `ms` (asleep): a large, idle instance.
+fn hold_memory(args: HoldMemory, _: &Context) -> Result<usize, ToolError> {
+    let held = vec![1u8; args.mib << 20];
+    std::thread::sleep(std::time::Duration::from_millis(args.ms));
+    Ok(std::hint::black_box(held).len())
+}
+
 export_tools!(
     Tool::new("count", "Increments a counter.", count),
+    Tool::new(
+        "hold_memory",
+        "Fills and holds memory for a while.",
+        hold_memory
+    )
+    .memory_bytes(512 << 20)
+    .timeout_ms(10_000),
     Tool::new(
         "count_cached",
         "Increments a counter; results cached by key.",
@@ -229,6 +279,9 @@ export_tools!(
     Tool::new("fs_read", "Reads a file as text.", fs_read),
     Tool::new("fs_write", "Writes text to a file.", fs_write),
     Tool::new("fs_link", "Hard-links a file.", fs_link),
+    Tool::new("fs_append", "Appends text to a file.", fs_append),
+    Tool::new("fs_set_len", "Sets a file's length.", fs_set_len),
+    Tool::new("fs_remove", "Removes a file.", fs_remove),
     Tool::new(
         "fs_read_later",
         "Reads a file after some milliseconds.",

@@ -1,0 +1,428 @@
+//! The tenant's files quota inside a call. Every write that can grow a file in a granted
+//! directory (`write`, `set-size`, and the streams of `write-via-stream` and
+//! `append-via-stream`) is charged to the tenant's [`FilesBudget`] before it reaches the disk,
+//! and refused with `insufficient-space` once the budget is spent. Unlinking a file,
+//! truncating it on open and shrinking it give its bytes back (when no other link holds them);
+//! anything else that frees bytes (a rename over a file, removing a hard link's last other
+//! name) is found when the budget's owner recounts the tenant's files.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use wasmtime::component::{Linker, Resource};
+use wasmtime_wasi::filesystem::{Descriptor, WasiFilesystemCtxView};
+use wasmtime_wasi::p2::bindings::filesystem::types::{
+    DescriptorFlags, DescriptorType, ErrorCode, Host, HostDescriptor, OpenFlags, PathFlags,
+};
+use wasmtime_wasi::p2::{DynOutputStream, FsResult, OutputStream, Pollable, StreamError};
+
+use crate::sandbox::CallState;
+use toolhost_spec::call::Level;
+
+/// The interface whose functions are wrapped: the version wasmtime-wasi links.
+const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
+
+/// What a refused stream write reports, which the guest reads as `insufficient-space`.
+const ENOSPC: i32 = 28;
+
+/// Bytes a tenant's files hold and may hold, shared by all its calls at once.
+#[derive(Debug)]
+pub struct FilesBudget {
+    quota: AtomicU64,
+    used: AtomicU64,
+    refused: AtomicBool,
+}
+
+impl FilesBudget {
+    /// A budget of `quota` bytes, of which `used` are held.
+    pub fn new(quota: u64, used: u64) -> Self {
+        FilesBudget {
+            quota: AtomicU64::new(quota),
+            used: AtomicU64::new(used),
+            refused: AtomicBool::new(false),
+        }
+    }
+
+    /// The quota, in bytes.
+    pub fn quota(&self) -> u64 {
+        self.quota.load(Ordering::Acquire)
+    }
+
+    /// Changes the quota (the tenant's policy changed); bytes held stay held.
+    pub fn set_quota(&self, quota: u64) {
+        self.quota.store(quota, Ordering::Release);
+    }
+
+    /// Bytes held as counted: the last recount plus every write charged since.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Charges `bytes`, unless that would pass the quota; `Err` holds the bytes held.
+    pub fn charge(&self, bytes: u64) -> Result<(), u64> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let quota = self.quota();
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&total| total <= quota)
+            })
+            .map(drop)
+            .inspect_err(|_| self.refused.store(true, Ordering::Release))
+    }
+
+    /// Gives back bytes charged for a write that did not happen.
+    fn refund(&self, bytes: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
+
+    /// Whether a write was refused since the last recount: deleted files may have made room.
+    pub fn refused_since_recount(&self) -> bool {
+        self.refused.load(Ordering::Acquire)
+    }
+
+    /// Sets the count from a recount of the tenant's files.
+    pub fn recounted(&self, used: u64) {
+        self.used.store(used, Ordering::Release);
+        self.refused.store(false, Ordering::Release);
+    }
+}
+
+/// One call's side of the budget: refusals are logged to the call.
+#[derive(Clone)]
+pub(crate) struct FilesQuota {
+    pub budget: Arc<FilesBudget>,
+    pub helpers: crate::Helpers,
+}
+
+impl FilesQuota {
+    fn charge(&self, bytes: u64) -> bool {
+        match self.budget.charge(bytes) {
+            Ok(()) => true,
+            Err(used) => {
+                let quota = self.budget.quota();
+                self.helpers.log(
+                    Level::Warn,
+                    &format!(
+                        "files: a write of {bytes} bytes was refused: the tenant's files hold \
+                         {used} bytes of its quota of {quota} (files_quota_bytes)"
+                    ),
+                );
+                false
+            }
+        }
+    }
+}
+
+/// Wraps the growing functions of `wasi:filesystem/types` so that they charge the call's
+/// files quota first; a call without one writes as wasmtime-wasi does.
+pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let mut types = linker.instance(FILESYSTEM_TYPES)?;
+    types.func_wrap_async(
+        "[method]descriptor.write",
+        |mut store, (fd, buf, offset): (Resource<Descriptor>, Vec<u8>, u64)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let quota = state.files.clone();
+                let mut view = filesystem(state);
+                let growth = match &quota {
+                    Some(_) => {
+                        let end = offset.saturating_add(buf.len() as u64);
+                        end.saturating_sub(size(&mut view, &fd).await)
+                    }
+                    None => 0,
+                };
+                if let Some(quota) = &quota
+                    && !quota.charge(growth)
+                {
+                    return Ok((Err(ErrorCode::InsufficientSpace),));
+                }
+                let written = HostDescriptor::write(&mut view, fd, buf, offset).await;
+                if let (Some(quota), Err(_)) = (&quota, &written) {
+                    quota.budget.refund(growth);
+                }
+                Ok((error_code(&mut view, written)?,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.set-size",
+        |mut store, (fd, new_size): (Resource<Descriptor>, u64)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let quota = state.files.clone();
+                let mut view = filesystem(state);
+                let old_size = match &quota {
+                    Some(_) => size(&mut view, &fd).await,
+                    None => 0,
+                };
+                let growth = new_size.saturating_sub(old_size);
+                if let Some(quota) = &quota
+                    && !quota.charge(growth)
+                {
+                    return Ok((Err(ErrorCode::InsufficientSpace),));
+                }
+                let resized = HostDescriptor::set_size(&mut view, fd, new_size).await;
+                if let Some(quota) = &quota {
+                    match &resized {
+                        Err(_) => quota.budget.refund(growth),
+                        Ok(()) => quota.budget.refund(old_size.saturating_sub(new_size)),
+                    }
+                }
+                Ok((error_code(&mut view, resized)?,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.write-via-stream",
+        |mut store, (fd, offset): (Resource<Descriptor>, u64)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let quota = state.files.clone();
+                let mut view = filesystem(state);
+                let file_size = match &quota {
+                    Some(_) => size(&mut view, &fd).await,
+                    None => 0,
+                };
+                let stream = HostDescriptor::write_via_stream(&mut view, fd, offset);
+                let stream = charged(&mut view, stream, quota, Some((offset, file_size)))?;
+                Ok((error_code(&mut view, stream)?,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.append-via-stream",
+        |mut store, (fd,): (Resource<Descriptor>,)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let quota = state.files.clone();
+                let mut view = filesystem(state);
+                let stream = HostDescriptor::append_via_stream(&mut view, fd);
+                let stream = charged(&mut view, stream, quota, None)?;
+                Ok((error_code(&mut view, stream)?,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.open-at",
+        |mut store,
+         (fd, path_flags, path, open_flags, flags): (
+            Resource<Descriptor>,
+            PathFlags,
+            String,
+            OpenFlags,
+            DescriptorFlags,
+        )| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let quota = state.files.clone();
+                let mut view = filesystem(state);
+                let truncated = match &quota {
+                    Some(_) if open_flags.contains(OpenFlags::TRUNCATE) => {
+                        sole_file_size(&mut view, &fd, path_flags, &path).await
+                    }
+                    _ => 0,
+                };
+                let opened =
+                    HostDescriptor::open_at(&mut view, fd, path_flags, path, open_flags, flags)
+                        .await;
+                if let (Some(quota), Ok(_)) = (&quota, &opened) {
+                    quota.budget.refund(truncated);
+                }
+                Ok((error_code(&mut view, opened)?,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.unlink-file-at",
+        |mut store, (fd, path): (Resource<Descriptor>, String)| {
+            Box::new(async move {
+                let state = store.data_mut();
+                let quota = state.files.clone();
+                let mut view = filesystem(state);
+                let freed = match &quota {
+                    Some(_) => sole_file_size(&mut view, &fd, PathFlags::empty(), &path).await,
+                    None => 0,
+                };
+                let unlinked = HostDescriptor::unlink_file_at(&mut view, fd, path).await;
+                if let (Some(quota), Ok(())) = (&quota, &unlinked) {
+                    quota.budget.refund(freed);
+                }
+                Ok((error_code(&mut view, unlinked)?,))
+            })
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// The size of the regular file at `path` under `dir` if no other link holds its bytes
+/// (what removing or truncating it frees); else 0.
+async fn sole_file_size(
+    view: &mut WasiFilesystemCtxView<'_>,
+    dir: &Resource<Descriptor>,
+    path_flags: PathFlags,
+    path: &str,
+) -> u64 {
+    let borrowed = Resource::new_borrow(dir.rep());
+    match HostDescriptor::stat_at(view, borrowed, path_flags, path.to_owned()).await {
+        Ok(stat) if stat.type_ == DescriptorType::RegularFile && stat.link_count == 1 => stat.size,
+        _ => 0,
+    }
+}
+
+fn filesystem(state: &mut CallState) -> WasiFilesystemCtxView<'_> {
+    WasiFilesystemCtxView {
+        ctx: state.wasi.filesystem(),
+        table: &mut state.table,
+    }
+}
+
+/// The file's size; 0 if it cannot be read, which charges a write in full.
+async fn size(view: &mut WasiFilesystemCtxView<'_>, fd: &Resource<Descriptor>) -> u64 {
+    let borrowed = Resource::new_borrow(fd.rep());
+    HostDescriptor::stat(view, borrowed)
+        .await
+        .map_or(0, |stat| stat.size)
+}
+
+/// What the guest gets: the value, or the error code (anything else traps, as in
+/// wasmtime-wasi's own bindings).
+fn error_code<T>(
+    view: &mut WasiFilesystemCtxView<'_>,
+    result: FsResult<T>,
+) -> wasmtime::Result<Result<T, ErrorCode>> {
+    match result {
+        Ok(value) => Ok(Ok(value)),
+        Err(error) => Ok(Err(Host::convert_error_code(view, error)?)),
+    }
+}
+
+/// Replaces a new file stream with one that charges what it writes.
+fn charged(
+    view: &mut WasiFilesystemCtxView<'_>,
+    stream: FsResult<Resource<DynOutputStream>>,
+    quota: Option<FilesQuota>,
+    position: Option<(u64, u64)>,
+) -> wasmtime::Result<FsResult<Resource<DynOutputStream>>> {
+    let (Ok(stream), Some(quota)) = (&stream, quota) else {
+        return Ok(stream);
+    };
+    let inner = view
+        .table
+        .delete(Resource::<DynOutputStream>::new_own(stream.rep()))?;
+    let wrapped: DynOutputStream = Box::new(ChargedStream {
+        inner,
+        quota,
+        position,
+    });
+    Ok(Ok(view.table.push(wrapped)?))
+}
+
+/// A file's output stream whose writes are charged to the files quota first.
+struct ChargedStream {
+    inner: DynOutputStream,
+    quota: FilesQuota,
+    /// Where the next write lands and the file's size as far as known; `None`: appending.
+    position: Option<(u64, u64)>,
+}
+
+impl ChargedStream {
+    /// Bytes a write of `len` adds to the file.
+    fn growth(&self, len: u64) -> u64 {
+        match self.position {
+            Some((at, size)) => at.saturating_add(len).saturating_sub(size),
+            None => len,
+        }
+    }
+
+    fn advance(&mut self, len: u64) {
+        if let Some((at, size)) = &mut self.position {
+            *at = at.saturating_add(len);
+            *size = (*size).max(*at);
+        }
+    }
+
+    fn charged(
+        &mut self,
+        len: u64,
+        write: impl FnOnce(&mut DynOutputStream) -> Result<(), StreamError>,
+    ) -> Result<(), StreamError> {
+        let growth = self.growth(len);
+        if !self.quota.charge(growth) {
+            let refused = std::io::Error::from_raw_os_error(ENOSPC);
+            return Err(StreamError::LastOperationFailed(refused.into()));
+        }
+        match write(&mut self.inner) {
+            Ok(()) => {
+                self.advance(len);
+                Ok(())
+            }
+            Err(error) => {
+                self.quota.budget.refund(growth);
+                Err(error)
+            }
+        }
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for ChargedStream {
+    async fn ready(&mut self) {
+        self.inner.ready().await
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl OutputStream for ChargedStream {
+    fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
+        self.charged(bytes.len() as u64, |inner| inner.write(bytes))
+    }
+
+    fn write_zeroes(&mut self, count: usize) -> Result<(), StreamError> {
+        self.charged(count as u64, |inner| inner.write_zeroes(count))
+    }
+
+    fn flush(&mut self) -> Result<(), StreamError> {
+        self.inner.flush()
+    }
+
+    fn check_write(&mut self) -> Result<usize, StreamError> {
+        self.inner.check_write()
+    }
+
+    async fn cancel(&mut self) {
+        self.inner.cancel().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_charges_up_to_its_quota_and_a_recount_resets_it() {
+        let budget = FilesBudget::new(100, 40);
+        assert_eq!(budget.charge(60), Ok(()));
+        assert!(!budget.refused_since_recount());
+        assert_eq!(budget.charge(1), Err(100));
+        assert!(budget.refused_since_recount());
+        assert_eq!(
+            budget.charge(0),
+            Ok(()),
+            "a write that adds nothing is never refused"
+        );
+        budget.refund(30);
+        assert_eq!(budget.used(), 70);
+        budget.recounted(10);
+        assert!(!budget.refused_since_recount());
+        assert_eq!(budget.charge(90), Ok(()));
+    }
+}
