@@ -215,3 +215,38 @@ async fn installs_stop_at_the_tenants_code_quota() {
         .await
         .expect("removing the tool made room");
 }
+
+/// Live instances never hold more than the host's memory budget together: calls past it wait
+/// for it (within their deadline) instead of running, and none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_past_the_memory_budget_wait_for_it() {
+    let sandbox = toolhost::SandboxConfig {
+        memory_budget_bytes: 1 << 30,
+        ..Default::default()
+    };
+    let config = HostConfig {
+        sandbox,
+        ..crate::plugins::config()
+    };
+    let host = Arc::new(Host::open(config).unwrap());
+    host.install("acme", crate::plugins::plugin("probe"))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let host = host.clone();
+            let args = json!({"mib": 300, "ms": 400});
+            tokio::spawn(async move {
+                host.call(&Caller::tenant("acme"), "hold_memory", args)
+                    .await
+            })
+        })
+        .collect();
+    for call in calls {
+        let out = call.await.unwrap();
+        assert_eq!(out.code(), "ok", "{:?}", out.result);
+    }
+    // Each holds its `memory_bytes` (512 MiB) of the budget: two run at a time, in two rounds.
+    assert!(started.elapsed() >= Duration::from_millis(800));
+}

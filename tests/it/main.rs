@@ -12,5 +12,6 @@ mod js_tools;
 mod mcp;
 mod pipeline;
 mod plugins;
+mod process;
 mod server;
 mod store;

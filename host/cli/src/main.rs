@@ -9,6 +9,9 @@ use toolhost::{Caller, Host, HostConfig, OpenError, Source, StoreError};
 use toolhost_server::admin::{AdminCommand, AdminReply};
 use toolhost_server::sessions::SessionLimits;
 
+/// Async workers per core (see `main`).
+const WORKERS_PER_CORE: usize = 8;
+
 #[derive(Parser)]
 #[command(
     name = "toolhost",
@@ -36,6 +39,10 @@ struct Cli {
         global = true
     )]
     allow_private: Vec<toolhost::egress::Cidr>,
+    /// Guests that run past their first 5 ms at once; while more want to, they take turns
+    /// round the tenants [default: one per core]
+    #[arg(long, env = "TOOLHOST_CPU_TURNS", global = true)]
+    cpu_turns: Option<usize>,
     /// The JavaScript runtime component that runs JS tools (`scripts/build-js-runtime` builds
     /// it) [default: js_runtime.wasm next to this executable, if there is one]
     #[arg(long, env = "TOOLHOST_JS_RUNTIME", global = true)]
@@ -234,7 +241,15 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Runtime::new().expect("starting the tokio runtime");
+    // More workers than a tenant's share of call trees: a guest in one long, uninterruptible
+    // instruction (a `memory.fill` of hundreds of MiB) holds its worker, and other tenants'
+    // requests must still find one. BENCHMARKS.md has the figures.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKERS_PER_CORE * cores)
+        .enable_all()
+        .build()
+        .expect("starting the tokio runtime");
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, message)) => {
@@ -363,6 +378,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             allow_private: cli.allow_private,
         },
         artifact_dir: cli.artifact_dir.clone(),
+        sandbox: toolhost::SandboxConfig {
+            cpu_turns: cli
+                .cpu_turns
+                .unwrap_or(toolhost::SandboxConfig::default().cpu_turns),
+            ..Default::default()
+        },
         secrets_key: match &cli.secrets_key_file {
             Some(path) => Some(toolhost::SecretsKey::from_file(path).map_err(usage)?),
             None => None,

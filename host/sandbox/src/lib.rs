@@ -16,6 +16,7 @@ pub mod helpers;
 mod outbound;
 mod redact;
 mod sandbox;
+pub mod turns;
 
 pub use files::FilesBudget;
 pub use helpers::{HelperError, Helpers};

@@ -30,6 +30,7 @@ use crate::files::{self, FilesBudget, FilesQuota};
 use crate::helpers::{Helpers, Stream};
 #[cfg(feature = "wasi-http")]
 use crate::outbound::Outbound;
+use crate::turns::{GuestTurn, Turns};
 use toolhost_spec::call::{CallContext, Level};
 use toolhost_spec::digest::hex;
 use toolhost_spec::policy::NetworkRule;
@@ -83,6 +84,9 @@ pub struct SandboxConfig {
     pub epoch_tick: Duration,
     /// Largest component accepted, in bytes.
     pub max_component_bytes: usize,
+    /// Guests that run past their first epoch tick at once: one per core. They take turns
+    /// round the tenants that wait (see [`crate::turns`]).
+    pub cpu_turns: usize,
 }
 
 impl Default for SandboxConfig {
@@ -93,6 +97,7 @@ impl Default for SandboxConfig {
             memory_budget_bytes: 8 << 30,
             epoch_tick: Duration::from_millis(5),
             max_component_bytes: 64 << 20,
+            cpu_turns: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 }
@@ -254,11 +259,12 @@ pub enum Entry<'a> {
 pub struct Sandbox {
     engine: Engine,
     linker: Linker<CallState>,
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
     /// The memory budget in MiB: each instance holds its `memory_bytes`, rounded up.
-    memory_mib: Semaphore,
+    memory_mib: Arc<Semaphore>,
     config: SandboxConfig,
     fingerprint: String,
+    turns: Arc<Turns>,
     /// Dropping it stops the epoch ticker.
     _ticker: mpsc::Sender<()>,
 }
@@ -282,10 +288,13 @@ impl Sandbox {
                 Box::new(call_tool(store, tool, args))
             })?;
         let fingerprint = fingerprint(&engine);
-        let ticker = spawn_epoch_ticker(engine.clone(), config.epoch_tick);
+        // A turn outlives two ticks without its holder's: it is not using the CPU.
+        let turns = Turns::new(config.cpu_turns, 2 * config.epoch_tick);
+        let ticker = spawn_epoch_ticker(engine.clone(), turns.clone(), config.epoch_tick);
         Ok(Sandbox {
-            slots: Semaphore::new(config.max_instances as usize),
-            memory_mib: Semaphore::new(mib(config.memory_budget_bytes) as usize),
+            turns,
+            slots: Arc::new(Semaphore::new(config.max_instances as usize)),
+            memory_mib: Arc::new(Semaphore::new(mib(config.memory_budget_bytes) as usize)),
             engine,
             linker,
             config,
@@ -363,7 +372,7 @@ impl Sandbox {
             return Run::host_fault("not a tool component: it does not export list-tools");
         };
         let nothing = Permissions::default();
-        self.run(limits, Helpers::default(), &nothing, |store| {
+        self.run(INSTALLS, limits, Helpers::default(), &nothing, |store| {
             Box::pin(async move {
                 let plugin = pre.instantiate_async(&mut *store).await?;
                 plugin.call_list_tools(store).await
@@ -384,7 +393,7 @@ impl Sandbox {
         };
         let source = source.to_owned();
         let nothing = Permissions::default();
-        self.run(limits, Helpers::default(), &nothing, |store| {
+        self.run(INSTALLS, limits, Helpers::default(), &nothing, |store| {
             Box::pin(async move {
                 let js = pre.instantiate_async(&mut *store).await?;
                 js.call_describe(store, &source).await
@@ -410,13 +419,14 @@ impl Sandbox {
             data: ctx.data.to_string(),
         };
         let tool = ctx.tool.clone();
+        let tenant = &*ctx.tenant;
         match entry {
             Entry::Tool { args } => {
                 let args = args.to_owned();
                 let Some(pre) = prepared.plugin.clone() else {
                     return Run::host_fault("not a tool component");
                 };
-                self.run(limits, helpers, permissions, move |store| {
+                self.run(tenant, limits, helpers, permissions, move |store| {
                     Box::pin(async move {
                         let plugin = pre.instantiate_async(&mut *store).await?;
                         plugin.call_call(store, &tool, &args, &guest_ctx).await
@@ -429,7 +439,7 @@ impl Sandbox {
                     return Run::host_fault("not the JavaScript runtime");
                 };
                 let (source, args) = (source.to_owned(), args.to_owned());
-                self.run(limits, helpers, permissions, move |store| {
+                self.run(tenant, limits, helpers, permissions, move |store| {
                     Box::pin(async move {
                         let js = pre.instantiate_async(&mut *store).await?;
                         js.call_run(store, &source, &args, &guest_ctx).await
@@ -443,6 +453,7 @@ impl Sandbox {
     /// Instantiates, runs `entry` under `limits`, and drops the instance.
     async fn run<T>(
         &self,
+        tenant: &str,
         limits: &Limits,
         helpers: Helpers,
         permissions: &Permissions,
@@ -456,11 +467,15 @@ impl Sandbox {
         let deadline = Instant::now() + limits.timeout();
         let memory = mib(limits.memory_bytes).min(mib(self.config.memory_budget_bytes));
         let admitted = tokio::time::timeout_at(deadline.into(), async {
-            let slot = self.slots.acquire().await;
-            let memory = self.memory_mib.acquire_many(memory as u32).await;
+            let slot = self.slots.clone().acquire_owned().await;
+            let memory = self
+                .memory_mib
+                .clone()
+                .acquire_many_owned(memory as u32)
+                .await;
             (slot, memory)
         });
-        let (_slot, _memory) = match admitted.await {
+        let (slot, memory) = match admitted.await {
             Err(_elapsed) => {
                 return Run {
                     result: Err(Fault::Timeout),
@@ -473,7 +488,9 @@ impl Sandbox {
             }
             Ok((Ok(slot), Ok(memory))) => (slot, memory),
         };
-        let mut store = match new_store(&self.engine, limits, helpers, permissions, deadline) {
+        let turn = self.turns.guest(tenant);
+        let call = (limits, helpers, permissions, deadline, turn);
+        let mut store = match new_store(&self.engine, call) {
             Ok(store) => store,
             Err(message) => {
                 return Run {
@@ -491,14 +508,27 @@ impl Sandbox {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(classify(store.data(), &error)),
         };
+        // Giving back a large memory (madvise over every touched page) takes milliseconds to
+        // hundreds of them: off the async workers, which other tenants' calls need. The slot
+        // and the memory budget are released once it is done.
+        if store.data().memory.used > RELEASE_OFF_WORKER_BYTES {
+            tokio::task::spawn_blocking(move || drop((store, slot, memory)));
+        }
         Run { result, fuel_used }
     }
 }
 
-/// Everything that is set once per engine, in one place (after `wasmtime serve`).
+/// The CPU turns of guests that run while a tenant installs (`list-tools`, a JS module's
+/// spec): one group for all.
+const INSTALLS: &str = "";
+
 /// Bytes of each recycled memory and table kept resident (zeroed in place) between calls.
 const KEEP_RESIDENT_BYTES: usize = 64 << 10;
 
+/// An instance whose memory grew past this is dropped on a blocking thread.
+const RELEASE_OFF_WORKER_BYTES: usize = 16 << 20;
+
+/// Everything that is set once per engine, in one place (after `wasmtime serve`).
 fn engine(config: &SandboxConfig) -> Result<Engine, wasmtime::Error> {
     let base = || {
         let mut c = Config::new();
@@ -555,13 +585,14 @@ fn mib(bytes: u64) -> u64 {
 }
 
 /// One ticker per engine. Stops when the returned sender is dropped.
-fn spawn_epoch_ticker(engine: Engine, tick: Duration) -> mpsc::Sender<()> {
+fn spawn_epoch_ticker(engine: Engine, turns: Arc<Turns>, tick: Duration) -> mpsc::Sender<()> {
     let (stop, stopped) = mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("toolhost-epoch".into())
         .spawn(move || {
             while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
                 engine.increment_epoch();
+                turns.expire();
             }
         })
         .expect("spawning the epoch thread");
@@ -570,10 +601,13 @@ fn spawn_epoch_ticker(engine: Engine, tick: Duration) -> mpsc::Sender<()> {
 
 fn new_store(
     engine: &Engine,
-    limits: &Limits,
-    helpers: Helpers,
-    permissions: &Permissions,
-    deadline: Instant,
+    (limits, helpers, permissions, deadline, turn): (
+        &Limits,
+        Helpers,
+        &Permissions,
+        Instant,
+        GuestTurn,
+    ),
 ) -> Result<Store<CallState>, String> {
     // No env, args or sockets, and only the granted directories and HTTP destinations.
     let mut wasi = WasiCtx::builder();
@@ -604,6 +638,7 @@ fn new_store(
         deadline,
         wasi: wasi.build(),
         files,
+        turn,
         #[cfg(feature = "wasi-http")]
         http: WasiHttpCtx::new(),
         #[cfg(feature = "wasi-http")]
@@ -627,13 +662,24 @@ fn new_store(
         .expect("fuel is enabled on this engine");
     // Check the deadline at every tick and yield to the executor, so that busy guests never
     // starve other calls. `yield_now` defers the wake-up until tokio has polled its timers
-    // and sockets; a plain yield would let guests delay them by 61 ticks.
+    // and sockets; a plain yield would let guests delay them by 61 ticks. A guest that goes
+    // on running takes a CPU turn, waiting for one while other tenants' guests have theirs.
     store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(move |_| {
-        Ok(if Instant::now() >= deadline {
-            UpdateDeadline::Interrupt
-        } else {
-            UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
+    store.epoch_deadline_callback(move |store| {
+        if Instant::now() >= deadline {
+            return Ok(UpdateDeadline::Interrupt);
+        }
+        Ok(match store.data().turn.tick() {
+            None => UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())),
+            Some(turn) => UpdateDeadline::YieldCustom(
+                1,
+                Box::pin(async move {
+                    let _ = turn.await;
+                    // Woken by another guest's tick, it would run before tokio polls its
+                    // timers: defer once more, as above.
+                    tokio::task::yield_now().await;
+                }),
+            ),
         })
     });
     Ok(store)
@@ -686,6 +732,7 @@ pub struct CallState {
     deadline: Instant,
     pub(crate) wasi: WasiCtx,
     pub(crate) files: Option<FilesQuota>,
+    turn: GuestTurn,
     #[cfg(feature = "wasi-http")]
     http: WasiHttpCtx,
     #[cfg(feature = "wasi-http")]

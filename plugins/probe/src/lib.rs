@@ -228,6 +228,20 @@ fn busy(args: Busy, _: &Context) -> Result<&'static str, ToolError> {
 }
 
 #[derive(Deserialize, JsonSchema)]
+struct Work {
+    millions: u64,
+}
+
+/// A fixed amount of CPU work, however long it takes: `millions` million rounds of a hash.
+fn work(args: Work, _: &Context) -> Result<u64, ToolError> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..args.millions * 1_000_000 {
+        x = std::hint::black_box(x.rotate_left(5) ^ x.wrapping_mul(0x100_0000_01b3));
+    }
+    Ok(x)
+}
+
+#[derive(Deserialize, JsonSchema)]
 struct HoldMemory {
     mib: usize,
     ms: u64,
@@ -276,6 +290,7 @@ export_tools!(
         kv_rewrite
     ),
     Tool::new("busy", "Busy for some milliseconds.", busy),
+    Tool::new("work", "Does a fixed amount of CPU work.", work).fuel(100_000_000_000),
     Tool::new("fs_read", "Reads a file as text.", fs_read),
     Tool::new("fs_write", "Writes text to a file.", fs_write),
     Tool::new("fs_link", "Hard-links a file.", fs_link),
