@@ -869,6 +869,76 @@ async fn idle_connections_are_closed_and_one_address_cannot_take_them_all() {
     server.abort();
 }
 
+/// Connections held open cannot lock new clients out: at the cap, the address holding the
+/// most gives up its oldest (at once, as it is idle), and the new client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_connection_cap_the_busiest_address_makes_room_for_a_new_client() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let api = api();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let options = toolhost_server::ServerOptions {
+        connections: toolhost_server::listener::ConnectionLimits {
+            max_connections: 4,
+            max_per_peer: 3,
+            header_timeout: Duration::from_secs(60),
+        },
+        ..Default::default()
+    };
+    let server = tokio::spawn(toolhost_server::serve(
+        api.host.clone(),
+        listener,
+        options,
+        std::future::pending(),
+    ));
+    let from = |ip: &'static str| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind((ip.parse::<std::net::IpAddr>().unwrap(), 0).into())
+            .unwrap();
+        socket.connect(addr).await.unwrap()
+    };
+    /// Whether the server has closed `stream` (EOF or reset) within `wait`.
+    async fn closed_within(stream: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(wait, stream.read(&mut byte)).await;
+        matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+    }
+    let mut busiest = Vec::new();
+    for _ in 0..3 {
+        busiest.push(from("127.0.0.2").await);
+    }
+    let mut other = from("127.0.0.3").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let mut newcomer = from("127.0.0.4").await;
+    newcomer
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        newcomer.read_to_string(&mut response),
+    );
+    read.await.expect("the newcomer is answered").unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+
+    let short = Duration::from_millis(300);
+    assert!(
+        closed_within(&mut busiest[0], short).await,
+        "the busiest address's oldest"
+    );
+    for stream in &mut busiest[1..] {
+        assert!(!closed_within(stream, short).await);
+    }
+    assert!(
+        !closed_within(&mut other, short).await,
+        "the other address keeps its one"
+    );
+    server.abort();
+}
+
 /// Each key has a role, and each route needs one: an agent's key cannot approve its own held
 /// call or install tools, nor reach private tools or pass the app's `data`.
 #[tokio::test]

@@ -1,8 +1,10 @@
 //! Accepting connections, with bounds that hold before any request is read: at most
-//! `max_connections` open, at most `max_per_peer` from one address, and a connection that
-//! does not send a request's headers within `header_timeout` (a slow sender, or a kept-alive
-//! connection left idle) is closed. Without them anyone, with no key, could hold every file
-//! descriptor. The connections are hyper's, as under `axum::serve`, with its timer set.
+//! `max_connections` open (at the cap, the address holding the most gives up its oldest, so
+//! that a new client always gets in), at most `max_per_peer` from one address, and a
+//! connection that does not send a request's headers within `header_timeout` (a slow sender,
+//! or a kept-alive connection left idle) is closed. Without them anyone, with no key, could
+//! hold every file descriptor. The connections are hyper's, as under `axum::serve`, with its
+//! timer set.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,7 +14,6 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -48,9 +49,11 @@ pub async fn serve_connections(
     shutdown: impl Future<Output = ()>,
     stopping: impl FnOnce(),
 ) -> std::io::Result<()> {
-    let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let max = limits.max_connections.max(1);
+    let open = Arc::new(Semaphore::new(max));
     let peers = PeerCounts::default();
-    let graceful = GracefulShutdown::new();
+    let live = Live::default();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
@@ -58,15 +61,9 @@ pub async fn serve_connections(
     loop {
         let accepted = tokio::select! {
             _ = &mut shutdown => break,
-            permit = open.clone().acquire_owned() => {
-                let permit = permit.expect("never closed");
-                tokio::select! {
-                    _ = &mut shutdown => break,
-                    accepted = listener.accept() => accepted.map(|a| (a, permit)),
-                }
-            }
+            accepted = listener.accept() => accepted,
         };
-        let ((stream, peer), permit) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors, most likely: let some close.
@@ -76,8 +73,21 @@ pub async fn serve_connections(
             }
         };
         // Over its address's share: closed at once.
-        let Some(peer) = peers.enter(peer.ip(), limits.max_per_peer) else {
+        let Some(slot) = peers.enter(peer.ip(), limits.max_per_peer) else {
             continue;
+        };
+        // At the cap, the address holding the most connections gives one up, so that holding
+        // connections open cannot lock everyone else out; none freed in time: closed.
+        let permit = match open.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                live.ask_one_to_close();
+                let freed = open.clone().acquire_owned();
+                match tokio::time::timeout(ROOM_WAIT, freed).await {
+                    Ok(Ok(permit)) => permit,
+                    _ => continue,
+                }
+            }
         };
         // Without it, a response written in pieces (an MCP event stream) waits out the
         // client's delayed ACK: ~40 ms a request on a keep-alive connection.
@@ -86,17 +96,128 @@ pub async fn serve_connections(
         }
         let service = TowerToHyperService::new(app.clone());
         let connection = http.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
+        let close = live.enter(peer.ip());
+        let stopped = stopped.clone();
         tokio::spawn(async move {
-            // A failed or timed-out connection is the client's affair.
-            let _ = connection.await;
-            drop((permit, peer));
+            serve_until_closed(connection, &close, stopped).await;
+            drop((permit, slot, close));
         });
     }
     drop(listener);
     stopping();
-    graceful.shutdown().await;
+    let _ = stop.send(true);
+    // Every connection holds a permit until it has closed.
+    let _ = open.acquire_many(max as u32).await;
     Ok(())
+}
+
+/// Serves one connection to its end; asked to close (the cap, or the server stopping), it
+/// closes at once if idle, else after the request it is serving.
+async fn serve_until_closed(
+    connection: hyper::server::conn::http1::Connection<
+        TokioIo<tokio::net::TcpStream>,
+        TowerToHyperService<Router>,
+    >,
+    close: &LiveEntry,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    tokio::pin!(connection);
+    let asked = async {
+        tokio::select! {
+            () = close.asked() => {}
+            _ = stopped.wait_for(|&stop| stop) => {}
+        }
+    };
+    tokio::pin!(asked);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            // A failed or timed-out connection is the client's affair.
+            _ = connection.as_mut() => break,
+            () = &mut asked, if !closing => {
+                // At once if idle, else after the request it is serving.
+                closing = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// How long a connection over the cap waits for another to close before it is closed.
+const ROOM_WAIT: Duration = Duration::from_secs(1);
+
+/// Open connections by address, oldest first, each with the signal that asks it to close.
+#[derive(Default, Clone)]
+struct Live(Arc<Mutex<LiveState>>);
+
+#[derive(Default)]
+struct LiveState {
+    by_peer: HashMap<IpAddr, std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>>,
+    next: u64,
+}
+
+/// One open connection's entry in [`Live`]; dropping it removes the entry.
+struct LiveEntry {
+    live: Live,
+    ip: IpAddr,
+    id: u64,
+    close: Arc<tokio::sync::Notify>,
+}
+
+impl Live {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LiveState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn enter(&self, ip: IpAddr) -> LiveEntry {
+        let close = Arc::new(tokio::sync::Notify::new());
+        let mut state = self.lock();
+        state.next += 1;
+        let id = state.next;
+        state
+            .by_peer
+            .entry(ip)
+            .or_default()
+            .insert(id, close.clone());
+        LiveEntry {
+            live: self.clone(),
+            ip,
+            id,
+            close,
+        }
+    }
+
+    /// Asks the oldest connection of the address holding the most to close.
+    fn ask_one_to_close(&self) {
+        let mut state = self.lock();
+        let busiest = state
+            .by_peer
+            .iter_mut()
+            .max_by_key(|(_, connections)| connections.len());
+        if let Some((_, connections)) = busiest
+            && let Some((_, close)) = connections.pop_first()
+        {
+            close.notify_one();
+        }
+    }
+}
+
+impl LiveEntry {
+    async fn asked(&self) {
+        self.close.notified().await
+    }
+}
+
+impl Drop for LiveEntry {
+    fn drop(&mut self) {
+        let mut state = self.live.lock();
+        if let Some(connections) = state.by_peer.get_mut(&self.ip) {
+            connections.remove(&self.id);
+            if connections.is_empty() {
+                state.by_peer.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Open connections by peer address.
