@@ -797,42 +797,58 @@ fn serve_refuses_a_search_model_it_cannot_load() {
     assert!(stderr.contains("search model: config.json"), "{stderr}");
 }
 
+/// A server on a free port with `limits` on its connections: its address and its task.
+async fn serve_with(
+    limits: toolhost_server::listener::ConnectionLimits,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let options = toolhost_server::ServerOptions {
+        connections: limits,
+        ..Default::default()
+    };
+    let server = tokio::spawn(toolhost_server::serve(
+        api().host,
+        listener,
+        options,
+        std::future::pending(),
+    ));
+    (addr, server)
+}
+
+/// A connection to `addr` from the loopback address `ip`.
+async fn connect_from(ip: &str, addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind((ip.parse::<std::net::IpAddr>().unwrap(), 0).into())
+        .unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// Whether the server has closed `stream` (EOF or reset) within `wait`.
+async fn closed_within(stream: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(wait, stream.read(&mut byte)).await;
+    matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+}
+
 /// Without a key, anyone could hold the listener's every connection: idle or slow ones are
 /// closed, and one address can hold only its share, while others are still served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_and_one_address_cannot_take_them_all() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let api = api();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let options = toolhost_server::ServerOptions {
-        connections: toolhost_server::listener::ConnectionLimits {
-            max_per_peer: 4,
-            header_timeout: Duration::from_millis(300),
-            ..Default::default()
-        },
+    let (addr, server) = serve_with(toolhost_server::listener::ConnectionLimits {
+        max_per_peer: 4,
+        header_timeout: Duration::from_millis(300),
         ..Default::default()
-    };
-    let server = tokio::spawn(toolhost_server::serve(
-        api.host.clone(),
-        listener,
-        options,
-        std::future::pending(),
-    ));
-    let from = |ip: &str| {
-        let ip: std::net::IpAddr = ip.parse().unwrap();
-        async move {
-            let socket = tokio::net::TcpSocket::new_v4().unwrap();
-            socket.bind((ip, 0).into()).unwrap();
-            socket.connect(addr).await.unwrap()
-        }
-    };
-    /// Whether the server closes `stream` (EOF or reset) within 10 s.
-    async fn closed(stream: &mut tokio::net::TcpStream) -> bool {
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte)).await;
-        matches!(read, Ok(Ok(0)) | Ok(Err(_)))
-    }
+    })
+    .await;
+    let from = |ip: &'static str| connect_from(ip, addr);
+    let closed = |stream| closed_within(stream, Duration::from_secs(10));
     async fn healthz(stream: &mut tokio::net::TcpStream) -> String {
         stream
             .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
@@ -874,36 +890,13 @@ async fn idle_connections_are_closed_and_one_address_cannot_take_them_all() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_connection_cap_the_busiest_address_makes_room_for_a_new_client() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let api = api();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let options = toolhost_server::ServerOptions {
-        connections: toolhost_server::listener::ConnectionLimits {
-            max_connections: 4,
-            max_per_peer: 3,
-            header_timeout: Duration::from_secs(60),
-        },
-        ..Default::default()
-    };
-    let server = tokio::spawn(toolhost_server::serve(
-        api.host.clone(),
-        listener,
-        options,
-        std::future::pending(),
-    ));
-    let from = |ip: &'static str| async move {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket
-            .bind((ip.parse::<std::net::IpAddr>().unwrap(), 0).into())
-            .unwrap();
-        socket.connect(addr).await.unwrap()
-    };
-    /// Whether the server has closed `stream` (EOF or reset) within `wait`.
-    async fn closed_within(stream: &mut tokio::net::TcpStream, wait: Duration) -> bool {
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(wait, stream.read(&mut byte)).await;
-        matches!(read, Ok(Ok(0)) | Ok(Err(_)))
-    }
+    let (addr, server) = serve_with(toolhost_server::listener::ConnectionLimits {
+        max_connections: 4,
+        max_per_peer: 3,
+        header_timeout: Duration::from_secs(60),
+    })
+    .await;
+    let from = |ip: &'static str| connect_from(ip, addr);
     let mut busiest = Vec::new();
     for _ in 0..3 {
         busiest.push(from("127.0.0.2").await);

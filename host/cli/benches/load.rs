@@ -110,21 +110,12 @@ async fn cpu_share(target: &Target, a_key: &str, b_key: &str) -> (Latency, usize
     let tally = Tally::default();
     let pressure = tokio::spawn(press(target.addr, a_key.to_owned(), flood, stopped, tally));
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut conn = connect(target.addr).await;
     // About 100 ms of CPU on this machine when it runs alone.
     let body = json!({ "arguments": { "millions": 80 } }).to_string();
-    let (mut samples, mut failed) = (Vec::new(), 0);
-    let until = Instant::now() + PHASE;
-    while Instant::now() < until {
-        let start = Instant::now();
-        let (status, _, body) = post(&mut conn, "/v1/tools/work/call", b_key, &[], &body).await;
-        samples.push(start.elapsed());
-        failed += usize::from(status != 200 || body.contains("\"error\""));
-    }
+    let measured = calls_for_a_phase(target.addr, "/v1/tools/work/call", b_key, &body).await;
     let _ = stop.send(true);
     pressure.await.unwrap();
-    let calls = samples.len();
-    (latency(samples, failed), calls)
+    measured
 }
 
 struct Target {
@@ -402,17 +393,30 @@ fn latency(mut samples: Vec<Duration>, failed: usize) -> Latency {
 }
 
 async fn measure_http(addr: SocketAddr, key: &str) -> Latency {
-    let mut conn = connect(addr).await;
     let body = json!({ "arguments": { "text": TEXT } }).to_string();
+    calls_for_a_phase(addr, "/v1/tools/text_stats/call", key, &body)
+        .await
+        .0
+}
+
+/// Calls over HTTP one after another for a phase: their latency, and how many there were.
+async fn calls_for_a_phase(
+    addr: SocketAddr,
+    path: &str,
+    key: &str,
+    body: &str,
+) -> (Latency, usize) {
+    let mut conn = connect(addr).await;
     let (mut samples, mut failed) = (Vec::new(), 0);
     let until = Instant::now() + PHASE;
     while Instant::now() < until {
         let start = Instant::now();
-        let (status, _, body) = post(&mut conn, "/v1/tools/text_stats/call", key, &[], &body).await;
+        let (status, _, body) = post(&mut conn, path, key, &[], body).await;
         samples.push(start.elapsed());
         failed += usize::from(status != 200 || body.contains("\"error\""));
     }
-    latency(samples, failed)
+    let calls = samples.len();
+    (latency(samples, failed), calls)
 }
 
 async fn measure_mcp(addr: SocketAddr, key: &str) -> Latency {
