@@ -487,6 +487,31 @@ async fn an_http_tool_installs_from_json() {
     );
 }
 
+/// A tenant sees what it keeps on disk against each quota, and only its own.
+#[tokio::test]
+async fn usage_shows_each_quota_and_what_counts_against_it() {
+    let api = api();
+    api.host.install("acme", plugin("probe")).await.unwrap();
+    let (status, _) = post_json(
+        &api,
+        "/v1/tools/count/call",
+        &api.acme,
+        json!({"arguments": {"key": "k"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, usage) = get(&api, "/v1/usage", &api.acme).await;
+    assert_eq!(status, StatusCode::OK, "{usage}");
+    assert_eq!(usage["code"]["used_bytes"], plugin("probe").len() as u64);
+    assert_eq!(usage["code"]["quota_bytes"], 1u64 << 30);
+    assert!(usage["data"]["used_bytes"].as_u64().unwrap() > 0, "{usage}");
+    assert_eq!(usage["data"]["quota_bytes"], 256u64 << 20);
+    assert_eq!(usage["files"]["used_bytes"], 0);
+    let (_, other) = get(&api, "/v1/usage", &api.globex).await;
+    assert_eq!(other["code"]["used_bytes"], 0);
+    assert_eq!(other["data"]["used_bytes"], 0);
+}
+
 #[tokio::test]
 async fn approvals_policy_and_metrics_over_http() {
     let api = api();
@@ -1112,6 +1137,7 @@ async fn every_keyed_route_checks_the_role_it_needs() {
         (("POST", "/v1/tools/{name}/call"), Access::Call),
         (("GET", "/v1/export"), Access::Read),
         (("GET", "/v1/policy"), Access::Manage),
+        (("GET", "/v1/usage"), Access::Manage),
         (("GET", "/v1/config"), Access::Manage),
         (("PUT", "/v1/config/{key}"), Access::Manage),
         (("DELETE", "/v1/config/{key}"), Access::Manage),

@@ -65,6 +65,15 @@ impl Executors {
         Some(self.files.as_ref()?.root(tenant))
     }
 
+    /// Bytes the tenant's files hold, as its budget counts them (0 without a files
+    /// directory).
+    pub async fn files_used(&self, tenant: &str, quota: u64) -> Result<u64, String> {
+        match &self.files {
+            Some(files) => Ok(files.budget(tenant, quota).await?.used()),
+            None => Ok(0),
+        }
+    }
+
     /// An HTTP tool: its stored request, within the call's deadline.
     pub async fn run_http(
         &self,

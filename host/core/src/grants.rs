@@ -73,7 +73,7 @@ impl TenantFiles {
     /// The tenant's budget, with its quota as the policy now sets it: counted from the
     /// tenant's files the first time, and again if a write was refused since the last count
     /// (deletes may have made room).
-    async fn budget(&self, tenant: &str, quota: u64) -> Result<Arc<FilesBudget>, String> {
+    pub async fn budget(&self, tenant: &str, quota: u64) -> Result<Arc<FilesBudget>, String> {
         let known = self.lock().get(tenant).cloned();
         if let Some(counted) = &known {
             counted.budget.set_quota(quota);

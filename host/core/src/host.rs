@@ -10,7 +10,7 @@ use toolhost_sandbox::Sandbox;
 use toolhost_spec::access::Role;
 use toolhost_spec::call::{CallOutcome, Caller};
 use toolhost_spec::export::Format;
-use toolhost_spec::policy::TenantPolicy;
+use toolhost_spec::policy::{DiskUsage, TenantPolicy, Usage};
 use toolhost_spec::spec::ToolSpec;
 use toolhost_store::{KeyRecord, RedbStore, Store, StoreError, ToolEntry, now_ms};
 
@@ -255,6 +255,28 @@ impl Host {
     /// Stores the tenant's policy; it applies to the next call.
     pub fn set_policy(&self, tenant: &str, policy: TenantPolicy) -> Result<(), ManageError> {
         self.tenants.set_policy(tenant, policy)
+    }
+
+    /// What the tenant keeps on disk against each of its quotas (`files_quota_bytes`,
+    /// `data_quota_bytes`, `code_quota_bytes`). Counting the files walks the tenant's
+    /// directory the first time.
+    pub async fn disk_usage(&self, tenant: &str) -> Result<DiskUsage, StoreError> {
+        let policy = self.policy(tenant);
+        let store = self.store();
+        let files = self
+            .pipeline
+            .exec
+            .files_used(tenant, policy.files_quota())
+            .await
+            .map_err(StoreError::Backend)?;
+        Ok(DiskUsage {
+            files: Usage::new(files, policy.files_quota()),
+            data: Usage::new(store.data_bytes(tenant)?, policy.data_quota()),
+            code: Usage::new(
+                toolhost_store::code_bytes(&store.tool_entries_of(tenant)?),
+                policy.code_quota(),
+            ),
+        })
     }
 
     /// The directory that holds `tenant`'s granted directories (`None` for an in-memory host).

@@ -115,6 +115,7 @@ fn router_with_shutdown(
         .route("/v1/tools/{name}/call", post(call))
         .route("/v1/export", get(export))
         .route("/v1/policy", get(policy))
+        .route("/v1/usage", get(usage))
         .route("/v1/config", get(config_list))
         .route("/v1/config/{key}", put(config_set).delete(config_remove))
         .route("/v1/approvals", get(approvals))
@@ -681,6 +682,17 @@ fn outcome_body(outcome: CallOutcome) -> Value {
 async fn policy(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
     Ok(Json(json!(*app.host.policy(&tenant))))
+}
+
+/// What the tenant keeps on disk against each of its quotas.
+async fn usage(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
+    let usage = app
+        .host
+        .disk_usage(&tenant)
+        .await
+        .map_err(|e| ApiError::storage(&e))?;
+    Ok(Json(json!(usage)))
 }
 
 /// The tenant's configuration keys; a secret's value is never shown.

@@ -82,6 +82,36 @@ impl TenantPolicy {
     }
 }
 
+/// What a tenant keeps on disk against each of its quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskUsage {
+    /// Its granted directories (`files_quota_bytes`).
+    pub files: Usage,
+    /// Its tools' KV data and cached results (`data_quota_bytes`).
+    pub data: Usage,
+    /// Its kept versions' code (`code_quota_bytes`).
+    pub code: Usage,
+}
+
+/// Bytes held, and the quota they count against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Bytes held now.
+    pub used_bytes: u64,
+    /// The quota.
+    pub quota_bytes: u64,
+}
+
+impl Usage {
+    /// `used_bytes` of `quota_bytes`.
+    pub fn new(used_bytes: u64, quota_bytes: u64) -> Self {
+        Usage {
+            used_bytes,
+            quota_bytes,
+        }
+    }
+}
+
 /// Capabilities granted to a tool.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
