@@ -289,55 +289,33 @@ async fn press(
     match pressure {
         Pressure::None => {}
         Pressure::Calls { tool, args, flows } => {
-            let flows = (0..flows).map(|_| {
-                let (key, tally, stopped) = (key.clone(), tally.clone(), stopped.clone());
-                tokio::spawn(async move {
+            run_flows(flows, stopped, move |_| {
+                let (key, tally) = (key.clone(), tally.clone());
+                async move {
                     let mut conn = connect(addr).await;
                     let body = json!({ "arguments": args() }).to_string();
                     let path = format!("/v1/tools/{tool}/call");
-                    let calls = async {
-                        loop {
-                            let (status, _, body) = post(&mut conn, &path, &key, &[], &body).await;
-                            let outcome: Value = serde_json::from_str(&body).unwrap_or_default();
-                            let code = outcome["error"]["code"].as_str().unwrap_or("ok");
-                            tally.add(format!("{status} {code}"));
-                        }
-                    };
-                    // A call still running when the phase ends is dropped with its connection.
-                    tokio::select! {
-                        () = calls => {}
-                        () = until_stopped(stopped) => {}
+                    loop {
+                        tally.add(call_outcome(&mut conn, &path, &key, &body).await);
                     }
-                })
-            });
-            for flow in flows.collect::<Vec<_>>() {
-                flow.await.unwrap();
-            }
+                }
+            })
+            .await;
         }
         Pressure::McpSessions(total) => {
             let opened = Arc::new(AtomicUsize::new(0));
-            let flows = (0..32).map(|_| {
+            run_flows(32, stopped, move |_| {
                 let (key, tally, opened) = (key.clone(), tally.clone(), opened.clone());
-                let stopped = stopped.clone();
-                tokio::spawn(async move {
+                async move {
                     let mut conn = connect(addr).await;
-                    let sessions = async {
-                        while opened.fetch_add(1, Ordering::Relaxed) < total {
-                            let (status, _, _) =
-                                post(&mut conn, "/mcp", &key, &[], &initialize()).await;
-                            tally.add(status.to_string());
-                        }
-                        std::future::pending::<()>().await
-                    };
-                    tokio::select! {
-                        () = sessions => {}
-                        () = until_stopped(stopped) => {}
+                    while opened.fetch_add(1, Ordering::Relaxed) < total {
+                        let (status, _, _) =
+                            post(&mut conn, "/mcp", &key, &[], &initialize()).await;
+                        tally.add(status.to_string());
                     }
-                })
-            });
-            for flow in flows.collect::<Vec<_>>() {
-                flow.await.unwrap();
-            }
+                }
+            })
+            .await;
         }
         Pressure::IdleConnections(total) => {
             // Spread over addresses, as an attacker with many would: 200 from each, each
@@ -369,6 +347,42 @@ async fn press(
             tally.add(format!("{connected} connected"));
         }
     }
+}
+
+/// Runs `count` flows, the `i`th doing what `flow(i)` makes, until `stopped`; then waits
+/// for them all. A call still running then is dropped with its connection.
+async fn run_flows<F, Fut>(count: usize, stopped: watch::Receiver<bool>, flow: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future + Send + 'static,
+{
+    let tasks: Vec<_> = (0..count)
+        .map(|i| {
+            let (work, mut stopped) = (flow(i), stopped.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = work => {}
+                    _ = stopped.wait_for(|&stop| stop) => {}
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// One call over HTTP: its status and outcome code (`ok`, or the error's code).
+async fn call_outcome(
+    conn: &mut SendRequest<Full<Bytes>>,
+    path: &str,
+    key: &str,
+    body: &str,
+) -> String {
+    let (status, _, body) = post(conn, path, key, &[], body).await;
+    let outcome: Value = serde_json::from_str(&body).unwrap_or_default();
+    let code = outcome["error"]["code"].as_str().unwrap_or("ok");
+    format!("{status} {code}")
 }
 
 struct Latency {
@@ -501,7 +515,7 @@ async fn post(
 }
 
 /// A tenant's key, a tool, and how to make its arguments.
-type Flow<'a> = (&'a str, &'static str, fn() -> Value);
+type Flow = (Arc<str>, &'static str, fn() -> Value);
 
 /// Several tenants, good and hostile, for `length`: the server's resources at the start and
 /// the end.
@@ -517,51 +531,41 @@ async fn soak_run(target: &Target, data: &Path, a_key: &str, b_key: &str, length
     report("start");
     let (stop, stopped) = watch::channel(false);
     let tally = Tally::default();
+    let (a_key, b_key) = (Arc::<str>::from(a_key), Arc::<str>::from(b_key));
     let mixed: [Flow; 8] = [
-        (b_key, "text_stats", || json!({"text": TEXT})),
-        (b_key, "count", || json!({"key": "visits"})),
-        (b_key, "echo_cached", || json!({"key": next_key()})),
-        (a_key, "spin", || json!({})),
-        (a_key, "memory_bomb", || json!({})),
-        (a_key, "sleep", || json!({})),
-        (a_key, "kv_flood", || json!({})),
+        (b_key.clone(), "text_stats", || json!({"text": TEXT})),
+        (b_key.clone(), "count", || json!({"key": "visits"})),
+        (b_key.clone(), "echo_cached", || json!({"key": next_key()})),
+        (a_key.clone(), "spin", || json!({})),
+        (a_key.clone(), "memory_bomb", || json!({})),
+        (a_key.clone(), "sleep", || json!({})),
+        (a_key.clone(), "kv_flood", || json!({})),
         (a_key, "hold_memory", || json!({"mib": 200, "ms": 100})),
     ];
-    let addr = target.addr;
-    let flows: Vec<_> = mixed
-        .into_iter()
-        .flat_map(|flow| [flow; 4])
-        .map(|(key, tool, args)| {
-            let (key, tally, mut stopped) = (key.to_owned(), tally.clone(), stopped.clone());
-            tokio::spawn(async move {
-                let mut conn = connect(addr).await;
-                let path = format!("/v1/tools/{tool}/call");
-                loop {
-                    let body = json!({ "arguments": args() }).to_string();
-                    tokio::select! {
-                        (status, _, body) = post(&mut conn, &path, &key, &[], &body) => {
-                            let outcome: Value = serde_json::from_str(&body).unwrap_or_default();
-                            let code = outcome["error"]["code"].as_str().unwrap_or("ok");
-                            tally.add(format!("{tool} {status} {code}"));
-                        }
-                        _ = stopped.wait_for(|&s| s) => break,
-                    }
-                }
-            })
-        })
-        .collect();
+    let (addr, flow_tally) = (target.addr, tally.clone());
+    let flows = tokio::spawn(run_flows(4 * mixed.len(), stopped, move |i| {
+        let (key, tool, args) = mixed[i / 4].clone();
+        let tally = flow_tally.clone();
+        async move {
+            let mut conn = connect(addr).await;
+            let path = format!("/v1/tools/{tool}/call");
+            loop {
+                let body = json!({ "arguments": args() }).to_string();
+                let outcome = call_outcome(&mut conn, &path, &key, &body).await;
+                tally.add(format!("{tool} {outcome}"));
+            }
+        }
+    }));
     let started = Instant::now();
     while started.elapsed() < length {
         tokio::time::sleep(Duration::from_secs(60).min(length)).await;
         report(&format!("{}s", started.elapsed().as_secs()));
     }
     stop.send(true).unwrap();
-    for flow in flows {
-        flow.await.unwrap();
-    }
+    flows.await.unwrap();
     // Calls cut off as their connections closed end as their tasks are dropped.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let metrics = get(target.addr, "/metrics", b_key).await;
+    let metrics = get(target.addr, "/metrics", &b_key).await;
     let live = metrics
         .lines()
         .find(|l| l.starts_with("toolhost_instances_live"))

@@ -134,17 +134,17 @@ impl Pipeline {
         };
         let resolved = self.catalog.resolve(&caller.tenant, name);
         let config_keys = resolved.as_ref().map_or(&[][..], |r| &r.spec().config[..]);
-        let data_quota = self.tenants.policy(&ctx.tenant).data_quota();
+        let policy = self.tenants.policy(&ctx.tenant);
         let helpers = Helpers::for_call(
             self.store.clone(),
             &ctx.tenant,
             name,
             config_keys,
-            data_quota,
+            policy.data_quota(),
         );
         let mut outcome = CallOutcome::new(ctx.call_id.clone(), ctx.tool.clone());
         if let Some(tool) = &resolved {
-            let run = (budget, cancel);
+            let run = (budget, cancel, &*policy);
             self.admit_and_run(tool, args, &helpers, &ctx, run, &mut outcome)
                 .await;
         }
@@ -183,11 +183,10 @@ impl Pipeline {
         args: Value,
         helpers: &Helpers,
         ctx: &CallContext,
-        (budget, cancel): (Budget, Option<&CancellationToken>),
+        (budget, cancel, policy): (Budget, Option<&CancellationToken>, &TenantPolicy),
         outcome: &mut CallOutcome,
     ) {
         let spec = tool.spec();
-        let policy = self.tenants.policy(&ctx.tenant);
         let needs_approval = match policy.decide(&spec.name, spec.needs_approval) {
             Decision::Denied(reason) => {
                 outcome.result = Err(CallError::Denied { reason });
@@ -196,7 +195,7 @@ impl Pipeline {
             Decision::NeedsApproval => !budget.approved,
             Decision::Run => false,
         };
-        let _permit = match self.admission.admit(&ctx.tenant, &policy) {
+        let _permit = match self.admission.admit(&ctx.tenant, policy) {
             Ok(permit) => permit,
             Err(refused) => {
                 outcome.result = Err(CallError::RateLimited {
@@ -239,7 +238,7 @@ impl Pipeline {
                 {
                     // `_place` holds the call tree's place in its tenant's share until the
                     // run ends.
-                    let call = (helpers, ctx, &*policy);
+                    let call = (helpers, ctx, policy);
                     self.run(tool, args.clone(), call, (first, budget), outcome)
                         .await;
                 }

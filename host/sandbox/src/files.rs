@@ -129,9 +129,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
         "[method]descriptor.write",
         |mut store, (fd, buf, offset): (Resource<Descriptor>, Vec<u8>, u64)| {
             Box::new(async move {
-                let state = store.data_mut();
-                let quota = state.files.clone();
-                let mut view = filesystem(state);
+                let (quota, mut view) = filesystem(store.data_mut());
                 let growth = match &quota {
                     Some(_) => {
                         let end = offset.saturating_add(buf.len() as u64);
@@ -156,9 +154,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
         "[method]descriptor.set-size",
         |mut store, (fd, new_size): (Resource<Descriptor>, u64)| {
             Box::new(async move {
-                let state = store.data_mut();
-                let quota = state.files.clone();
-                let mut view = filesystem(state);
+                let (quota, mut view) = filesystem(store.data_mut());
                 let old_size = match &quota {
                     Some(_) => size(&mut view, &fd).await,
                     None => 0,
@@ -184,9 +180,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
         "[method]descriptor.write-via-stream",
         |mut store, (fd, offset): (Resource<Descriptor>, u64)| {
             Box::new(async move {
-                let state = store.data_mut();
-                let quota = state.files.clone();
-                let mut view = filesystem(state);
+                let (quota, mut view) = filesystem(store.data_mut());
                 let file_size = match &quota {
                     Some(_) => size(&mut view, &fd).await,
                     None => 0,
@@ -201,9 +195,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
         "[method]descriptor.append-via-stream",
         |mut store, (fd,): (Resource<Descriptor>,)| {
             Box::new(async move {
-                let state = store.data_mut();
-                let quota = state.files.clone();
-                let mut view = filesystem(state);
+                let (quota, mut view) = filesystem(store.data_mut());
                 let stream = HostDescriptor::append_via_stream(&mut view, fd);
                 let stream = charged(&mut view, stream, quota, None)?;
                 Ok((error_code(&mut view, stream)?,))
@@ -221,9 +213,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
             DescriptorFlags,
         )| {
             Box::new(async move {
-                let state = store.data_mut();
-                let quota = state.files.clone();
-                let mut view = filesystem(state);
+                let (quota, mut view) = filesystem(store.data_mut());
                 let truncated = match &quota {
                     Some(_) if open_flags.contains(OpenFlags::TRUNCATE) => {
                         sole_file_size(&mut view, &fd, path_flags, &path).await
@@ -244,9 +234,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
         "[method]descriptor.unlink-file-at",
         |mut store, (fd, path): (Resource<Descriptor>, String)| {
             Box::new(async move {
-                let state = store.data_mut();
-                let quota = state.files.clone();
-                let mut view = filesystem(state);
+                let (quota, mut view) = filesystem(store.data_mut());
                 let freed = match &quota {
                     Some(_) => sole_file_size(&mut view, &fd, PathFlags::empty(), &path).await,
                     None => 0,
@@ -278,11 +266,13 @@ async fn sole_file_size(
     }
 }
 
-fn filesystem(state: &mut CallState) -> WasiFilesystemCtxView<'_> {
-    WasiFilesystemCtxView {
+/// The call's files quota, if any, and wasmtime-wasi's view of its filesystem.
+fn filesystem(state: &mut CallState) -> (Option<FilesQuota>, WasiFilesystemCtxView<'_>) {
+    let view = WasiFilesystemCtxView {
         ctx: state.wasi.filesystem(),
         table: &mut state.table,
-    }
+    };
+    (state.files.clone(), view)
 }
 
 /// The file's size; 0 if it cannot be read, which charges a write in full.
