@@ -1,5 +1,6 @@
 //! `toolhost serve` under load from one tenant, as another tenant sees it, over HTTP and MCP:
-//! `cargo bench -p toolhost-cli --bench load`. With `-- --soak SECONDS`, a soak run instead.
+//! `cargo bench -p toolhost-cli --bench load`. With `-- --soak SECONDS`, a soak run instead;
+//! with `-- --phases MiB,MCP`, only the phases whose names hold one of those words.
 //!
 //! The server is the real binary, on a fresh data directory. Tenant B (`globex`) calls
 //! `text_stats` one call after another on one kept-alive HTTP connection, and at the same time
@@ -61,6 +62,10 @@ fn main() {
     };
     let Some(length) = soak else {
         runtime.block_on(phases(&target, &a_key, &b_key));
+        if std::env::args().any(|a| a == "--phases") {
+            server.stop();
+            return;
+        }
         // CPU share: the same server, then one whose turns never run out (the peer).
         println!(
             "\ntenant B's `work` call (100 ms of CPU alone) while tenant A keeps 80 busy calls in flight"
@@ -207,8 +212,19 @@ async fn phases(target: &Target, a_key: &str, b_key: &str) {
         "RSS MiB",
         "fds"
     );
+    // `-- --phases busy,memory`: those phases only (by a word of their name), after the peer.
+    let only: Option<Vec<String>> = std::env::args()
+        .skip_while(|a| a != "--phases")
+        .nth(1)
+        .map(|list| list.split(',').map(str::to_owned).collect());
+    let chosen = |name: &str| {
+        name == "quiet"
+            || only
+                .as_ref()
+                .is_none_or(|words| words.iter().any(|w| name.contains(w.as_str())))
+    };
     let mut quiet = None;
-    for (name, pressure) in phases {
+    for (name, pressure) in phases.into_iter().filter(|(name, _)| chosen(name)) {
         let (stop, stopped) = watch::channel(false);
         let tally = Tally::default();
         let pressure_task = tokio::spawn(press(
