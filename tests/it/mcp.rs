@@ -470,7 +470,8 @@ async fn mcp_raw(url: &str, key: &str, head: &[(&str, &str)], body: &str, until:
 }
 
 /// A client that loses its connection while its call runs reconnects with `Last-Event-ID`
-/// and gets the result that finished while it was away (before, it was lost).
+/// and gets the result that finished while it was away (before, it was lost); another
+/// tenant's key cannot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_that_finished_while_the_client_was_away_is_replayed() {
     let Served {
@@ -536,6 +537,12 @@ async fn a_result_that_finished_while_the_client_was_away_is_replayed() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let resume = [("Mcp-Session-Id", session.trim()), ("Last-Event-ID", &last)];
+    // Another tenant's key finds neither the session nor its events.
+    host.create_tenant("globex").unwrap();
+    let other = host.create_key("globex", toolhost::Role::Agent).unwrap();
+    let refused = mcp_raw(&url, &other.secret, &resume, "", "\r\n\r\n").await;
+    assert!(refused.starts_with("HTTP/1.1 404"), "{refused}");
+    assert!(!refused.contains("done"), "{refused}");
     let replayed = mcp_raw(&url, &key, &resume, "", "\"done\"").await;
     assert!(replayed.contains("\"id\":7"), "{replayed}");
     assert!(replayed.contains("\"isError\":false"), "{replayed}");

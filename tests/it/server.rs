@@ -771,6 +771,28 @@ async fn the_cli_manages_tenants_keys_and_policies_while_the_server_runs() {
     .await
     .unwrap();
     assert_eq!((status, body.as_str()), (200, r#"{"deny":["admin_*"]}"#));
+    let (code, usage, stderr) = cli(&["--tenant", "acme", "usage"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<Vec<&str>> = usage
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            [
+                "files",
+                "0",
+                "B",
+                "of",
+                "100.0",
+                "MiB",
+                "(files_quota_bytes)"
+            ],
+            ["data", "0", "B", "of", "256.0", "MiB", "(data_quota_bytes)"],
+            ["code", "0", "B", "of", "1.0", "GiB", "(code_quota_bytes)"],
+        ]
+    );
 
     // Errors come back as the CLI's own; a command that needs the store itself says why.
     let (code, _, stderr) = cli(&["key", "revoke", "nope"]);

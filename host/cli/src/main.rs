@@ -138,6 +138,9 @@ enum Command {
     /// The tenant's policy: allow, deny and approval lists, rate and concurrency limits.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// What the tenant keeps on disk (granted files, KV and cached results, tool code), each
+    /// against its quota.
+    Usage,
 }
 
 #[derive(Subcommand)]
@@ -326,6 +329,7 @@ fn admin_command(command: &Command, tenant: &str) -> Result<Option<AdminCommand>
             tool: tool.clone(),
         },
         Command::Policy(PolicyCommand::Show) => AdminCommand::PolicyShow { tenant },
+        Command::Usage => AdminCommand::Usage { tenant },
         Command::Policy(PolicyCommand::Set { file }) => {
             let text = if file.as_os_str() == "-" {
                 read_stdin("the policy")?
@@ -527,7 +531,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         | Command::Tenant(_)
         | Command::Key(_)
         | Command::Config(_)
-        | Command::Policy(_) => unreachable!("admin commands are run above"),
+        | Command::Policy(_)
+        | Command::Usage => unreachable!("admin commands are run above"),
         Command::Export { format } => {
             let format = format.parse().map_err(usage)?;
             println!("{}", pretty(&host.export(&tenant, format)));

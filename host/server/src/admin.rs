@@ -89,6 +89,11 @@ pub enum AdminCommand {
         /// The new policy.
         policy: TenantPolicy,
     },
+    /// Shows what a tenant keeps on disk against each of its quotas.
+    Usage {
+        /// Whose.
+        tenant: String,
+    },
     /// Installs a component (`.wasm`), a JavaScript tool (`.js`, `.mjs`) or an HTTP tool
     /// (JSON), read from `file` by the process that owns the store.
     Install {
@@ -219,6 +224,26 @@ impl AdminCommand {
                 host.set_policy(&tenant, policy).map_err(fail)?;
                 out(format!("policy set for {tenant}\n"))
             }
+            AdminCommand::Usage { tenant } => {
+                let usage = host
+                    .disk_usage(&tenant)
+                    .await
+                    .map_err(|e| AdminReply::Unavailable(e.to_string()))?;
+                out([
+                    ("files", usage.files, "files_quota_bytes"),
+                    ("data", usage.data, "data_quota_bytes"),
+                    ("code", usage.code, "code_quota_bytes"),
+                ]
+                .iter()
+                .map(|(what, usage, field)| {
+                    format!(
+                        "{what:<6}{:>12} of {:>12}  ({field})\n",
+                        human_bytes(usage.used_bytes),
+                        human_bytes(usage.quota_bytes)
+                    )
+                })
+                .collect())
+            }
             AdminCommand::Install { tenant, file } => {
                 let specs = install(host, &tenant, &file).await?;
                 out(specs
@@ -315,11 +340,37 @@ pub fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_seconds(at).to_string()
 }
 
+/// `1536` → `1.5 KiB`: bytes as people read them.
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn timestamps_are_rfc3339_in_utc() {
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(super::rfc3339(951_825_599_999), "2000-02-29T11:59:59Z");
+    }
+
+    #[test]
+    fn bytes_read_as_people_read_them() {
+        let read = |n| super::human_bytes(n);
+        assert_eq!(read(0), "0 B");
+        assert_eq!(read(1023), "1023 B");
+        assert_eq!(read(1536), "1.5 KiB");
+        assert_eq!(read(100 << 20), "100.0 MiB");
+        assert_eq!(read(1 << 30), "1.0 GiB");
+        assert_eq!(read(u64::MAX), "16777216.0 TiB");
     }
 }

@@ -3,10 +3,12 @@
 //!
 //! rmcp's sessions keep a request's stream only until its response is sent, so a response sent
 //! to a client that had just dropped its connection was lost. With this store rmcp replays
-//! from here instead. Bounded by bytes in all: the oldest events go first.
+//! from here instead. Bounded by bytes in all, and fair between tenants: when the budget is
+//! full, the oldest event of the tenant keeping the most goes, so a tenant can push out
+//! another's events only while that one keeps more than it does.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rmcp::transport::common::server_side_http::ServerSseMessage;
 use rmcp::transport::streamable_http_server::session::store::{
@@ -16,9 +18,8 @@ use rmcp::transport::streamable_http_server::session::store::{
 /// The default budget for the events of all sessions together.
 pub const DEFAULT_EVENT_BYTES: usize = 32 << 20;
 
-/// Recent events by stream, within a byte budget. An event id is `stream/sequence`: the
-/// stream ids rmcp makes are random UUIDs (a request's) or the session's id (its common
-/// stream), so an id is known only to the client it was sent to.
+/// Recent events of all tenants, within a byte budget. Each tenant's sessions see them
+/// through [`RecentEvents::of_tenant`].
 pub struct RecentEvents {
     budget: usize,
     inner: Mutex<Events>,
@@ -27,6 +28,15 @@ pub struct RecentEvents {
 #[derive(Default)]
 struct Events {
     next: u64,
+    bytes: usize,
+    tenants: HashMap<Arc<str>, TenantEvents>,
+}
+
+/// One tenant's events by stream. An event id is `stream/sequence`: the stream ids rmcp
+/// makes are random UUIDs (a request's) or the session's id (its common stream), so an id is
+/// known only to the client it was sent to, and it is looked up among its tenant's only.
+#[derive(Default)]
+struct TenantEvents {
     bytes: usize,
     by_stream: HashMap<String, Stream>,
     /// Every kept event, oldest first: (stream, sequence, bytes).
@@ -42,10 +52,18 @@ struct Stream {
 
 impl RecentEvents {
     /// Keeps at most `budget` bytes of events (as JSON).
-    pub fn new(budget: usize) -> Self {
-        RecentEvents {
+    pub fn new(budget: usize) -> Arc<Self> {
+        Arc::new(RecentEvents {
             budget,
             inner: Mutex::new(Events::default()),
+        })
+    }
+
+    /// The event store of `tenant`'s sessions.
+    pub fn of_tenant(self: &Arc<Self>, tenant: Arc<str>) -> TenantStore {
+        TenantStore {
+            events: self.clone(),
+            tenant,
         }
     }
 
@@ -54,8 +72,48 @@ impl RecentEvents {
     }
 }
 
+impl Events {
+    /// Drops the oldest event of the tenant keeping the most bytes.
+    fn drop_one(&mut self) -> bool {
+        let Some(tenant) = self
+            .tenants
+            .iter()
+            .max_by_key(|(_, events)| events.bytes)
+            .map(|(tenant, _)| tenant.clone())
+        else {
+            return false;
+        };
+        let events = self.tenants.get_mut(&tenant).expect("just found");
+        let Some((stream, dropped, size)) = events.order.pop_front() else {
+            self.tenants.remove(&tenant);
+            return true;
+        };
+        events.bytes -= size;
+        self.bytes -= size;
+        // A tenant's oldest event is the oldest of its stream.
+        if let Some(kept) = events.by_stream.get_mut(&stream) {
+            kept.kept.pop_front();
+            kept.dropped_through = Some(dropped);
+            if kept.kept.is_empty() {
+                events.by_stream.remove(&stream);
+            }
+        }
+        if events.order.is_empty() {
+            self.tenants.remove(&tenant);
+        }
+        true
+    }
+}
+
+/// One tenant's view of [`RecentEvents`]: what rmcp's sessions of that tenant store and
+/// replay.
+pub struct TenantStore {
+    events: Arc<RecentEvents>,
+    tenant: Arc<str>,
+}
+
 #[async_trait::async_trait]
-impl EventStore for RecentEvents {
+impl EventStore for TenantStore {
     async fn store_event(
         &self,
         stream_id: &str,
@@ -66,12 +124,13 @@ impl EventStore for RecentEvents {
                 .message
                 .as_ref()
                 .map_or(0, |m| serde_json::to_vec(&**m).map_or(0, |json| json.len()));
-        let mut events = self.lock();
-        let sequence = events.next;
-        events.next += 1;
+        let mut all = self.events.lock();
+        let sequence = all.next;
+        all.next += 1;
         let id = format!("{stream_id}/{sequence}");
         let mut kept = event.clone();
         kept.event_id = Some(id.clone());
+        let events = all.tenants.entry(self.tenant.clone()).or_default();
         events
             .by_stream
             .entry(stream_id.to_owned())
@@ -82,20 +141,8 @@ impl EventStore for RecentEvents {
             .order
             .push_back((stream_id.to_owned(), sequence, bytes));
         events.bytes += bytes;
-        while events.bytes > self.budget {
-            let Some((stream, dropped, size)) = events.order.pop_front() else {
-                break;
-            };
-            events.bytes -= size;
-            // The oldest event overall is the oldest of its stream.
-            if let Some(kept) = events.by_stream.get_mut(&stream) {
-                kept.kept.pop_front();
-                kept.dropped_through = Some(dropped);
-                if kept.kept.is_empty() {
-                    events.by_stream.remove(&stream);
-                }
-            }
-        }
+        all.bytes += bytes;
+        while all.bytes > self.events.budget && all.drop_one() {}
         Ok(id)
     }
 
@@ -107,10 +154,11 @@ impl EventStore for RecentEvents {
             .rsplit_once('/')
             .and_then(|(stream, seq)| Some((stream, seq.parse::<u64>().ok()?)))
             .ok_or("not an event id of this server")?;
-        let events = self.lock();
-        let kept = events
-            .by_stream
-            .get(stream)
+        let all = self.events.lock();
+        let kept = all
+            .tenants
+            .get(&self.tenant)
+            .and_then(|events| events.by_stream.get(stream))
             .filter(|kept| {
                 kept.dropped_through
                     .is_none_or(|dropped| dropped <= sequence)
@@ -140,7 +188,7 @@ mod tests {
         ServerSseMessage::from_message(message)
     }
 
-    async fn replay(events: &RecentEvents, after: &str) -> Result<Vec<String>, String> {
+    async fn replay(events: &TenantStore, after: &str) -> Result<Vec<String>, String> {
         let stream = events
             .replay_events_after(after)
             .await
@@ -150,7 +198,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_replays_what_followed_an_event_and_nothing_of_another_stream() {
-        let events = RecentEvents::new(1 << 20);
+        let events = RecentEvents::new(1 << 20).of_tenant("t".into());
         let a0 = events.store_event("a", &event("1")).await.unwrap();
         let b0 = events.store_event("b", &event("2")).await.unwrap();
         let a1 = events.store_event("a", &event("3")).await.unwrap();
@@ -166,17 +214,44 @@ mod tests {
         let one = 1 + serde_json::to_vec(&*event("1").message.unwrap())
             .unwrap()
             .len();
-        let events = RecentEvents::new(2 * one);
+        let all = RecentEvents::new(2 * one);
+        let events = all.of_tenant("t".into());
         let mut ids = Vec::new();
         for text in ["0", "1", "2", "3"] {
             ids.push(events.store_event("a", &event(text)).await.unwrap());
         }
-        assert_eq!(events.lock().bytes, 2 * one, "within the budget");
+        assert_eq!(all.lock().bytes, 2 * one, "within the budget");
         assert!(
             replay(&events, &ids[0]).await.is_err(),
             "the event after the first is gone: a gap is not replayed as if whole"
         );
         assert_eq!(replay(&events, &ids[1]).await.unwrap(), ids[2..]);
         assert_eq!(replay(&events, &ids[2]).await.unwrap(), ids[3..]);
+    }
+
+    #[tokio::test]
+    async fn a_tenant_that_floods_pushes_out_its_own_events_not_anothers() {
+        let one = 1 + serde_json::to_vec(&*event("1").message.unwrap())
+            .unwrap()
+            .len();
+        let all = RecentEvents::new(4 * one);
+        let (quiet, noisy) = (all.of_tenant("quiet".into()), all.of_tenant("noisy".into()));
+        let first = quiet.store_event("q", &event("0")).await.unwrap();
+        let kept = quiet.store_event("q", &event("1")).await.unwrap();
+        for text in ["2", "3", "4", "5", "6", "7"] {
+            noisy.store_event("n", &event(text)).await.unwrap();
+        }
+        assert_eq!(all.lock().bytes, 4 * one, "within the budget");
+        assert_eq!(
+            replay(&quiet, &first).await.unwrap(),
+            std::slice::from_ref(&kept)
+        );
+        // Another tenant's stream is not found through this one's store, even by its id.
+        assert!(replay(&noisy, &first).await.is_err());
+        // Once the quiet tenant keeps more than the noisy one, its own oldest goes.
+        for text in ["8", "9"] {
+            quiet.store_event("q", &event(text)).await.unwrap();
+        }
+        assert!(replay(&quiet, &first).await.is_err(), "a gap is refused");
     }
 }

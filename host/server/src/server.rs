@@ -15,11 +15,12 @@ use axum::extract::{
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
@@ -47,7 +48,30 @@ const OPENAPI: &str = include_str!("openapi.json");
 struct App {
     host: Arc<Host>,
     allowed_origins: Arc<[String]>,
-    sessions: Arc<Sessions>,
+    mcp: Arc<Mcp>,
+}
+
+/// What `/mcp` serves each tenant with: rmcp's Streamable HTTP service over that tenant's
+/// sessions.
+struct Mcp {
+    disclosure: Arc<Disclosure>,
+    config: StreamableHttpServerConfig,
+    sessions: Sessions,
+}
+
+impl Mcp {
+    fn service(
+        &self,
+        host: &Arc<Host>,
+        tenant: &str,
+    ) -> StreamableHttpService<McpServer, LocalSessionManager> {
+        let (host, disclosure) = (host.clone(), self.disclosure.clone());
+        StreamableHttpService::new(
+            move || Ok(McpServer::http(host.clone(), disclosure.clone())),
+            self.sessions.manager(tenant),
+            self.config.clone(),
+        )
+    }
 }
 
 /// How the server presents tools to agents.
@@ -75,32 +99,20 @@ fn router_with_shutdown(
     stop: CancellationToken,
 ) -> Router {
     let max_upload = host.max_component_bytes() + MULTIPART_OVERHEAD;
-    let sessions = Arc::new(Sessions::new(options.mcp_sessions));
-    let mcp = {
-        let host = host.clone();
-        let disclosure = Arc::new(Disclosure::new(host.clone(), options.disclosure));
-        let config = StreamableHttpServerConfig::default()
+    let mcp = Mcp {
+        disclosure: Arc::new(Disclosure::new(host.clone(), options.disclosure)),
+        config: StreamableHttpServerConfig::default()
             .with_cancellation_token(stop)
-            .with_max_request_body_bytes(MAX_REQUEST_BYTES);
-        StreamableHttpService::new(
-            move || Ok(McpServer::http(host.clone(), disclosure.clone())),
-            sessions.manager(),
-            config,
-        )
+            .with_max_request_body_bytes(MAX_REQUEST_BYTES),
+        sessions: Sessions::new(options.mcp_sessions),
     };
     let app = App {
         host,
         allowed_origins: options.allowed_origins.into(),
-        sessions,
+        mcp: Arc::new(mcp),
     };
-    let mcp = Router::new()
-        .nest_service("/mcp", mcp)
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            mcp_tenant,
-        ));
     Router::new()
-        .merge(mcp)
+        .route("/mcp", any(mcp_request))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
         .route(
@@ -133,12 +145,9 @@ fn router_with_shutdown(
         .with_state(app)
 }
 
-/// `/mcp` takes the same API keys: the key's tenant rides along in the request's extensions.
-async fn mcp_tenant(
-    State(app): State<App>,
-    request: Request,
-    next: axum::middleware::Next,
-) -> Response {
+/// `/mcp` takes the same API keys: the key's tenant picks its sessions, and rides along in
+/// the request's extensions.
+async fn mcp_request(State(app): State<App>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
     if let Err(refused) = check_origin(&parts.headers, &app.allowed_origins) {
         return refused.into_response();
@@ -156,16 +165,17 @@ async fn mcp_tenant(
                 .map(str::to_owned);
             // A POST without a session is an `initialize`: it must fit under the caps.
             let opening = match (&session, &parts.method) {
-                (None, &axum::http::Method::POST) => match app.sessions.admit(&tenant).await {
+                (None, &axum::http::Method::POST) => match app.mcp.sessions.admit(&tenant).await {
                     Ok(opening) => Some(opening),
                     Err(refused) => return sessions_refused(refused).into_response(),
                 },
                 (Some(id), _) => {
-                    app.sessions.seen(id);
+                    app.mcp.sessions.seen(id);
                     None
                 }
                 _ => None,
             };
+            let service = app.mcp.service(&app.host, &tenant);
             parts.extensions.insert(McpTenant(tenant));
             let terminating = parts.method == axum::http::Method::DELETE;
             let body = if parts.method == axum::http::Method::POST {
@@ -186,7 +196,10 @@ async fn mcp_tenant(
             } else {
                 body
             };
-            let mut response = next.run(Request::from_parts(parts, body)).await;
+            let mut response = service
+                .handle(Request::from_parts(parts, body))
+                .await
+                .map(Body::new);
             if let Some(opening) = opening
                 && let Some(id) = response.headers().get(MCP_SESSION_ID)
                 && let Ok(id) = id.to_str()
@@ -195,7 +208,7 @@ async fn mcp_tenant(
             }
             if terminating && response.status().is_success() {
                 if let Some(id) = &session {
-                    app.sessions.ended(id);
+                    app.mcp.sessions.ended(id);
                 }
                 // rmcp says 202, and clients (the Python SDK) expect 200 or 204 and log
                 // anything else as a failed termination.

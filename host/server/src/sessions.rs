@@ -12,6 +12,8 @@ use rmcp::transport::streamable_http_server::session::SessionId;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use tokio::time::Instant;
 
+use crate::events::{DEFAULT_EVENT_BYTES, RecentEvents};
+
 /// Bounds on MCP sessions over HTTP.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionLimits {
@@ -55,9 +57,12 @@ struct Open {
     opening_by_tenant: HashMap<Arc<str>, usize>,
 }
 
-/// The sessions rmcp serves, counted by tenant.
+/// The sessions rmcp serves, counted by tenant. Each tenant's are kept by a session manager
+/// of its own, so a session id is found only with its tenant's key, and each replays events
+/// from its tenant's share of one budget.
 pub(crate) struct Sessions {
-    manager: Arc<LocalSessionManager>,
+    managers: Mutex<HashMap<Arc<str>, Arc<LocalSessionManager>>>,
+    events: Arc<RecentEvents>,
     limits: SessionLimits,
     open: Mutex<Open>,
 }
@@ -70,20 +75,28 @@ pub(crate) struct Opening<'a> {
 
 impl Sessions {
     pub(crate) fn new(limits: SessionLimits) -> Self {
-        let mut manager = LocalSessionManager::default().with_event_store(Arc::new(
-            crate::events::RecentEvents::new(crate::events::DEFAULT_EVENT_BYTES),
-        ));
-        // rmcp's own idle timeout ends the session's worker; ours also forgets its handle.
-        manager.session_config.keep_alive = Some(limits.idle);
         Sessions {
-            manager: Arc::new(manager),
+            managers: Mutex::default(),
+            events: RecentEvents::new(DEFAULT_EVENT_BYTES),
             limits,
             open: Mutex::new(Open::default()),
         }
     }
 
-    pub(crate) fn manager(&self) -> Arc<LocalSessionManager> {
-        self.manager.clone()
+    /// The session manager of `tenant`'s sessions.
+    pub(crate) fn manager(&self, tenant: &str) -> Arc<LocalSessionManager> {
+        let mut managers = self.managers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(manager) = managers.get(tenant) {
+            return manager.clone();
+        }
+        let tenant: Arc<str> = tenant.into();
+        let mut manager = LocalSessionManager::default()
+            .with_event_store(Arc::new(self.events.of_tenant(tenant.clone())));
+        // rmcp's own idle timeout ends the session's worker; ours also forgets its handle.
+        manager.session_config.keep_alive = Some(self.limits.idle);
+        let manager = Arc::new(manager);
+        managers.insert(tenant, manager.clone());
+        manager
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
@@ -92,23 +105,23 @@ impl Sessions {
 
     /// Holds a place for a new session of `tenant`, after closing the idle ones.
     pub(crate) async fn admit(&self, tenant: &str) -> Result<Opening<'_>, Refused> {
-        let idle: Vec<SessionId> = {
+        let idle: Vec<(SessionId, Arc<str>)> = {
             let mut open = self.lock();
             let now = Instant::now();
-            let idle: Vec<SessionId> = open
+            let idle: Vec<(SessionId, Arc<str>)> = open
                 .sessions
                 .iter()
                 .filter(|(_, s)| now.duration_since(s.last_seen) >= self.limits.idle)
-                .map(|(id, _)| id.clone())
+                .map(|(id, s)| (id.clone(), s.tenant.clone()))
                 .collect();
-            for id in &idle {
+            for (id, _) in &idle {
                 open.sessions.remove(id);
             }
             idle
         };
-        for id in idle {
+        for (id, tenant) in idle {
             // Already gone (ended by the client or by rmcp) is fine.
-            let _ = self.manager.close_session(&id).await;
+            let _ = self.manager(&tenant).close_session(&id).await;
         }
         let mut open = self.lock();
         let tenant: Arc<str> = tenant.into();
