@@ -14,6 +14,7 @@ interface Counted {
 const wordCount = defineTool<Args, Counted>({
   name: "js_component_word_count",
   description: "Counts the words in a text and finds the most frequent one.",
+  strict: true,
   parameters: {
     type: "object",
     required: ["text"],
@@ -35,6 +36,7 @@ const wordCount = defineTool<Args, Counted>({
 const shout = defineTool({
   name: "js_component_fail",
   description: "Always fails, to show how errors reach the agent.",
+  strict: true,
   parameters: { type: "object", properties: { why: { type: "string" } } },
   handler({ why }: { why?: string }): never {
     throw new Error(`failed on purpose: ${why ?? "no reason"}`);

@@ -3,6 +3,7 @@
 export const spec = {
   name: "js_word_count",
   description: "Counts the words in a text and finds the most frequent one.",
+  strict: true,
   parameters: {
     type: "object",
     required: ["text"],

@@ -91,7 +91,7 @@ async fn a_pack_installs_lists_calls_and_removes() {
 #[tokio::test]
 async fn the_example_tools_answer() {
     let host = host_with(&["json_query", "unit_convert"]).await;
-    let doc = json!({"users": [{"email": "a@x"}, {"email": "b@x"}]});
+    let doc = json!({"users": [{"email": "a@x"}, {"email": "b@x"}]}).to_string();
     let out = call(
         &host,
         "json_query",
@@ -102,7 +102,7 @@ async fn the_example_tools_answer() {
         out.result.unwrap(),
         json!({"count": 2, "matches": ["a@x", "b@x"]})
     );
-    let doc = json!({"a": {"b": [1, 2, {"c": 3}]}, "d": {"c": 4}, "e f": 5});
+    let doc = json!({"a": {"b": [1, 2, {"c": 3}]}, "d": {"c": 4}, "e f": 5}).to_string();
     for (path, matches) in [
         ("$.a.b[0]", json!([1])),
         ("$.a.b[-1].c", json!([3])),
@@ -195,7 +195,7 @@ async fn a_tools_own_error_is_reported_as_such() {
     let out = call(
         &host,
         "json_query",
-        json!({"document": {}, "path": "no-dollar"}),
+        json!({"document": "{}", "path": "no-dollar"}),
     )
     .await;
     assert_eq!(error(&out).code(), "tool_error");
@@ -558,4 +558,183 @@ fn the_cli_installs_calls_and_removes() {
     let (code, _, stderr) = toolhost(&["call", "text_stats", "{}"]);
     assert_eq!(code, Some(1));
     assert!(stderr.starts_with("error[not_found]"), "{stderr}");
+}
+
+// ---- OpenAI strict mode, end to end ----
+
+/// Keywords of OpenAI's documented strict subset, listed here apart from the host's own list
+/// so that a change there cannot pass unseen.
+const OPENAI_STRICT_KEYWORDS: &[&str] = &[
+    "type",
+    "description",
+    "title",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "enum",
+    "const",
+    "anyOf",
+    "$ref",
+    "$defs",
+    "definitions",
+    "pattern",
+    "format",
+    "multipleOf",
+    "maximum",
+    "exclusiveMaximum",
+    "minimum",
+    "exclusiveMinimum",
+    "minItems",
+    "maxItems",
+];
+
+/// Checks `schema` (at `at`) against OpenAI's strict rules: known keywords and formats only,
+/// every object closed with every property required, a type on every schema.
+fn assert_openai_strict(schema: &Value, at: &str) {
+    let map = schema
+        .as_object()
+        .unwrap_or_else(|| panic!("{at}: not a schema"));
+    for keyword in map.keys() {
+        assert!(
+            OPENAI_STRICT_KEYWORDS.contains(&keyword.as_str()),
+            "{at}: `{keyword}` is not in strict mode's subset"
+        );
+    }
+    if let Some(format) = map.get("format") {
+        let known = [
+            "date-time",
+            "time",
+            "date",
+            "duration",
+            "email",
+            "hostname",
+            "ipv4",
+            "ipv6",
+            "uuid",
+        ];
+        assert!(
+            known.contains(&format.as_str().unwrap()),
+            "{at}: format {format}"
+        );
+    }
+    assert!(
+        ["type", "enum", "const", "anyOf", "$ref"]
+            .iter()
+            .any(|k| map.contains_key(*k)),
+        "{at}: untyped"
+    );
+    if let Some(properties) = map.get("properties").and_then(Value::as_object) {
+        assert_eq!(map["additionalProperties"], false, "{at}: open object");
+        let mut required: Vec<&str> = map["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap())
+            .collect();
+        let mut names: Vec<&str> = properties.keys().map(String::as_str).collect();
+        required.sort_unstable();
+        names.sort_unstable();
+        assert_eq!(required, names, "{at}: every property is required");
+        for (name, sub) in properties {
+            assert_openai_strict(sub, &format!("{at}/properties/{name}"));
+        }
+    }
+    if let Some(items) = map.get("items") {
+        assert_openai_strict(items, &format!("{at}/items"));
+    }
+    for (i, sub) in map
+        .get("anyOf")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        assert_openai_strict(sub, &format!("{at}/anyOf/{i}"));
+    }
+}
+
+/// Arguments as a strict-mode model sends them: every property present, the ones it leaves
+/// out as `null`.
+fn as_a_strict_model_sends(schema: &Value, given: &Value) -> Value {
+    let mut args = given.as_object().unwrap().clone();
+    for name in schema["properties"].as_object().unwrap().keys() {
+        args.entry(name.clone()).or_insert(Value::Null);
+    }
+    Value::Object(args)
+}
+
+/// Every example tool exports a schema within OpenAI's strict subset, and a call made as a
+/// strict-mode model makes it (every optional argument `null`) validates against that schema
+/// and succeeds, with the tool seeing the nulls as arguments left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_tool_round_trips_through_openai_strict_mode() {
+    let host = Host::open(HostConfig {
+        js_runtime: Some(crate::plugins::js_runtime()),
+        ..crate::plugins::config()
+    })
+    .unwrap();
+    for name in ["text_stats", "json_query", "unit_convert"] {
+        host.install("acme", plugin(name)).await.unwrap();
+    }
+    host.install("acme", crate::plugins::js_component())
+        .await
+        .unwrap();
+    let source =
+        std::fs::read_to_string(crate::plugins::root().join("plugins/js-source/word_count.js"))
+            .unwrap();
+    host.install_js("acme", &source).await.unwrap();
+    // What each example is asked, with its optional arguments left out.
+    let text = "The cat and the hat. The end.";
+    let asked = [
+        ("text_stats", json!({"text": text})),
+        ("word_frequency", json!({"text": text})),
+        (
+            "json_query",
+            json!({"document": r#"{"a": [1, 2]}"#, "path": "$.a[1]"}),
+        ),
+        (
+            "convert_units",
+            json!({"value": 5, "from": "km", "to": "mi"}),
+        ),
+        ("js_word_count", json!({"text": text})),
+        ("js_component_word_count", json!({"text": text})),
+        ("js_component_fail", json!({})),
+    ];
+    let exported = host.export("acme", toolhost::export::Format::OpenAi);
+    let mut names: Vec<&str> = exported
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    let mut expected: Vec<&str> = asked.iter().map(|(name, _)| *name).collect();
+    expected.sort_unstable();
+    assert_eq!(names, expected, "every example tool is asked something");
+    for tool in &exported {
+        let function = &tool["function"];
+        let name = function["name"].as_str().unwrap();
+        assert_eq!(function["strict"], true, "{name} is strict");
+        let schema = &function["parameters"];
+        assert_openai_strict(schema, &format!("{name}: #"));
+        let given = &asked.iter().find(|(n, _)| *n == name).unwrap().1;
+        let args = as_a_strict_model_sends(schema, given);
+        let validator = toolhost::schema::compile(schema, true).unwrap();
+        assert_eq!(validator.validate(&args), Ok(()), "{name}: {args}");
+        let out = call(&host, name, args.clone()).await;
+        if name == "js_component_fail" {
+            // It always fails, saying why; `why: null` reached it as left out.
+            let error = out.result.unwrap_err().to_string();
+            assert!(error.contains("failed on purpose: no reason"), "{error}");
+            continue;
+        }
+        assert!(out.result.is_ok(), "{name} with {args}: {:?}", out.result);
+    }
+    // A null for an optional argument is that argument left out: the tool's default applies.
+    let out = call(
+        &host,
+        "word_frequency",
+        json!({"text": "b a b c", "top": null}),
+    )
+    .await;
+    assert_eq!(out.result.unwrap().as_array().unwrap().len(), 3);
 }

@@ -414,7 +414,7 @@ async fn loaded_components_stay_under_the_cap() {
             &host,
             "acme",
             "json_query",
-            json!({"document": [1], "path": "$[0]"}),
+            json!({"document": "[1]", "path": "$[0]"}),
         )
         .await;
         assert!(b.result.is_ok());

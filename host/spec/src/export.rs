@@ -141,6 +141,26 @@ mod tests {
     }
 
     #[test]
+    fn annotations_and_unknown_formats_are_dropped_from_strict_schemas() {
+        let schema = json!({"type": "object", "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "required": ["x", "when", "r"], "properties": {
+            "x": {"type": "number", "format": "double", "default": 1.5, "examples": [2]},
+            "when": {"type": "string", "format": "date"},
+            "r": {"$ref": "#/$defs/unit", "description": "The unit."}},
+            "$defs": {"unit": {"enum": ["m", "s"], "$comment": "SI"}}});
+        let strict = openai_strict(&schema).unwrap();
+        assert_eq!(
+            strict,
+            json!({"type": "object", "additionalProperties": false,
+                "required": ["x", "when", "r"], "properties": {
+                "x": {"type": "number"},
+                "when": {"type": "string", "format": "date"},
+                "r": {"$ref": "#/$defs/unit"}},
+                "$defs": {"unit": {"enum": ["m", "s"]}}})
+        );
+    }
+
+    #[test]
     fn what_strict_mode_cannot_express_is_named() {
         let cases = [
             (
@@ -154,6 +174,35 @@ mod tests {
             (
                 json!({"type": "object", "properties": {"t": {"type": "array", "uniqueItems": true}}}),
                 "`uniqueItems`",
+            ),
+            (
+                json!({"anyOf": [{"type": "object"}, {"type": "object"}]}),
+                "a root of `\"type\": \"object\"`",
+            ),
+            (
+                json!({"type": "object", "properties": {"any": {"description": "anything"}}}),
+                "needs a `type` (or `enum`, `const`, `anyOf`) on every schema (at #/properties/any)",
+            ),
+            (
+                json!({"type": "object", "properties": {"s": {"type": "string", "minLength": 1}}}),
+                "`minLength` (at #/properties/s)",
+            ),
+            (
+                json!({"type": "object", "properties": {"t": {"type": "array", "prefixItems": []}}}),
+                "`prefixItems`",
+            ),
+            (
+                json!({"type": "object", "properties": {"u": {"type": "string", "format": "uri"}}}),
+                "`format: uri` (at #/properties/u)",
+            ),
+            (
+                json!({"type": "object", "properties": {"r": {"$ref": "#/$defs/x", "minimum": 1}},
+                       "$defs": {"x": {"type": "integer"}}}),
+                "nothing beside `$ref`, here `minimum`",
+            ),
+            (
+                json!({"type": "object", "properties": {"n": {"type": ["string", "integer"]}}}),
+                "one type, or one and \"null\"",
             ),
         ];
         for (schema, expected) in cases {

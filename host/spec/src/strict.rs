@@ -1,40 +1,103 @@
 //! OpenAI's strict mode: the rewrite of a parameter schema into the subset strict tools
 //! accept, which is also the install-time check for tools marked `strict`.
+//!
+//! The subset is OpenAI's documented one ("Supported schemas" in the Structured Outputs
+//! guide): the keywords in [`STRICT_KEYWORDS`], the formats in [`STRICT_FORMATS`], a root that
+//! is an object, every object closed and every property required. Anything else that
+//! constrains a value is refused, naming the keyword and where; annotations that constrain
+//! nothing ([`DROPPED_ANNOTATIONS`], and formats no JSON Schema validator knows, such as
+//! schemars' `double` or `uint`) are dropped from the export.
 
 use serde_json::{Map, Value, json};
 
-/// Keywords OpenAI's strict mode does not accept.
-const UNSUPPORTED_IN_STRICT: &[&str] = &[
-    "allOf",
-    "oneOf",
-    "not",
-    "if",
-    "then",
-    "else",
-    "dependentRequired",
-    "dependentSchemas",
-    "patternProperties",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-    "propertyNames",
-    "minProperties",
-    "maxProperties",
-    "contains",
-    "minContains",
-    "maxContains",
-    "uniqueItems",
+/// Keywords strict mode accepts, as they are.
+pub const STRICT_KEYWORDS: &[&str] = &[
+    "type",
+    "description",
+    "title",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "enum",
+    "const",
+    "anyOf",
+    "$ref",
+    "$defs",
+    "definitions",
+    "pattern",
+    "format",
+    "multipleOf",
+    "maximum",
+    "exclusiveMaximum",
+    "minimum",
+    "exclusiveMinimum",
+    "minItems",
+    "maxItems",
+];
+/// Annotations that constrain nothing: left out of a strict export.
+pub const DROPPED_ANNOTATIONS: &[&str] = &[
+    "default",
+    "examples",
+    "$comment",
+    "$schema",
+    "$id",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+];
+/// The string formats strict mode knows.
+pub const STRICT_FORMATS: &[&str] = &[
+    "date-time",
+    "time",
+    "date",
+    "duration",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "uuid",
+];
+/// JSON Schema's other formats: they constrain a value (where a validator asserts them) and
+/// strict mode cannot express them, so they are refused. Formats outside JSON Schema are
+/// annotations and are dropped.
+const OTHER_JSON_SCHEMA_FORMATS: &[&str] = &[
+    "idn-email",
+    "idn-hostname",
+    "uri",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
 ];
 /// Schemas nested deeper than this cannot be strict (OpenAI's limit).
 pub const MAX_STRICT_DEPTH: usize = 10;
 const MAX_STRICT_PROPERTIES: usize = 5000;
+const MAX_STRICT_ENUM_VALUES: usize = 1000;
+/// Characters of property names, enum values and consts together.
+const MAX_STRICT_CHARS: usize = 120_000;
+
+/// What a whole schema may hold, counted as it is walked.
+#[derive(Default)]
+struct Totals {
+    properties: usize,
+    enum_values: usize,
+    chars: usize,
+}
 
 /// `schema` rewritten to meet OpenAI's strict rules: every object closed
 /// (`additionalProperties: false`), every property required, an optional property made
-/// nullable instead. The error names the rule that cannot be met and where.
+/// nullable instead, annotations dropped. The error names the rule that cannot be met and
+/// where.
 pub fn openai_strict(schema: &Value) -> Result<Value, String> {
+    if schema.get("type") != Some(&json!("object")) {
+        return Err("strict mode needs a root of `\"type\": \"object\"` (at #)".into());
+    }
     let mut out = schema.clone();
-    let mut properties = 0;
-    make_strict(&mut out, "#", 0, &mut properties)?;
+    make_strict(&mut out, "#", 0, &mut Totals::default())?;
     Ok(out)
 }
 
@@ -42,15 +105,64 @@ fn make_strict(
     schema: &mut Value,
     at: &str,
     depth: usize,
-    properties: &mut usize,
+    totals: &mut Totals,
 ) -> Result<(), String> {
     let Some(map) = schema.as_object_mut() else {
-        return Ok(()); // `true`/`false` schemas and values inside `enum`
+        return Ok(()); // `true`/`false` schemas
     };
-    if let Some(keyword) = UNSUPPORTED_IN_STRICT.iter().find(|k| map.contains_key(**k)) {
+    map.retain(|keyword, _| !DROPPED_ANNOTATIONS.contains(&keyword.as_str()));
+    if let Some(Value::String(format)) = map.get("format") {
+        if OTHER_JSON_SCHEMA_FORMATS.contains(&format.as_str()) {
+            return Err(format!(
+                "strict mode does not support `format: {format}` (at {at}); it supports {}",
+                STRICT_FORMATS.join(", ")
+            ));
+        }
+        if !STRICT_FORMATS.contains(&format.as_str()) {
+            map.remove("format");
+        }
+    }
+    if let Some(keyword) = map.keys().find(|k| !STRICT_KEYWORDS.contains(&k.as_str())) {
         return Err(format!(
             "strict mode does not support `{keyword}` (at {at})"
         ));
+    }
+    if map.contains_key("$ref") {
+        // Strict mode allows nothing beside a `$ref`: its documentation goes.
+        map.retain(|keyword, _| !matches!(keyword.as_str(), "description" | "title"));
+        if let Some(keyword) = map.keys().find(|k| *k != "$ref") {
+            return Err(format!(
+                "strict mode allows nothing beside `$ref`, here `{keyword}` (at {at})"
+            ));
+        }
+        return Ok(());
+    }
+    if !["type", "enum", "const", "anyOf"]
+        .iter()
+        .any(|k| map.contains_key(*k))
+    {
+        return Err(format!(
+            "strict mode needs a `type` (or `enum`, `const`, `anyOf`) on every schema (at {at})"
+        ));
+    }
+    if let Some(Value::Array(types)) = map.get("type")
+        && types.iter().filter(|t| *t != "null").count() != 1
+    {
+        return Err(format!(
+            "strict mode allows one type, or one and \"null\", in `type` (at {at}); use `anyOf`"
+        ));
+    }
+    for value in map
+        .get("enum")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        totals.enum_values += 1;
+        totals.chars += value.as_str().map_or(0, str::len);
+    }
+    if let Some(Value::String(value)) = map.get("const") {
+        totals.chars += value.len();
     }
     if map.contains_key("properties") || map.get("type") == Some(&json!("object")) {
         if depth >= MAX_STRICT_DEPTH {
@@ -83,19 +195,10 @@ fn make_strict(
         let Some(props) = props.as_object_mut() else {
             return Err(format!("`properties` must be an object (at {at})"));
         };
-        *properties += props.len();
-        if *properties > MAX_STRICT_PROPERTIES {
-            return Err(format!(
-                "strict mode allows {MAX_STRICT_PROPERTIES} properties in all"
-            ));
-        }
+        totals.properties += props.len();
+        totals.chars += props.keys().map(String::len).sum::<usize>();
         for (name, sub) in props.iter_mut() {
-            make_strict(
-                sub,
-                &format!("{at}/properties/{name}"),
-                depth + 1,
-                properties,
-            )?;
+            make_strict(sub, &format!("{at}/properties/{name}"), depth + 1, totals)?;
             if !required.contains(name) {
                 make_nullable(sub);
             }
@@ -103,24 +206,43 @@ fn make_strict(
         let all: Vec<Value> = props.keys().cloned().map(Value::String).collect();
         map.insert("required".into(), Value::Array(all));
     }
-    for keyword in ["items", "additionalItems"] {
-        if let Some(sub) = map.get_mut(keyword) {
-            make_strict(sub, &format!("{at}/{keyword}"), depth, properties)?;
+    match map.get_mut("items") {
+        Some(items @ Value::Object(_)) => {
+            make_strict(items, &format!("{at}/items"), depth, totals)?
         }
+        Some(_) => {
+            return Err(format!(
+                "strict mode needs `items` to be one schema (at {at})"
+            ));
+        }
+        None => {}
     }
-    for keyword in ["anyOf", "prefixItems"] {
-        if let Some(Value::Array(subs)) = map.get_mut(keyword) {
-            for (i, sub) in subs.iter_mut().enumerate() {
-                make_strict(sub, &format!("{at}/{keyword}/{i}"), depth, properties)?;
-            }
+    if let Some(Value::Array(subs)) = map.get_mut("anyOf") {
+        for (i, sub) in subs.iter_mut().enumerate() {
+            make_strict(sub, &format!("{at}/anyOf/{i}"), depth, totals)?;
         }
     }
     for keyword in ["$defs", "definitions"] {
         if let Some(Value::Object(defs)) = map.get_mut(keyword) {
             for (name, sub) in defs.iter_mut() {
-                make_strict(sub, &format!("{at}/{keyword}/{name}"), depth, properties)?;
+                make_strict(sub, &format!("{at}/{keyword}/{name}"), depth, totals)?;
             }
         }
+    }
+    if totals.properties > MAX_STRICT_PROPERTIES {
+        return Err(format!(
+            "strict mode allows {MAX_STRICT_PROPERTIES} properties in all"
+        ));
+    }
+    if totals.enum_values > MAX_STRICT_ENUM_VALUES {
+        return Err(format!(
+            "strict mode allows {MAX_STRICT_ENUM_VALUES} enum values in all"
+        ));
+    }
+    if totals.chars > MAX_STRICT_CHARS {
+        return Err(format!(
+            "strict mode allows {MAX_STRICT_CHARS} characters of property names, enum values and consts in all"
+        ));
     }
     Ok(())
 }

@@ -8,8 +8,9 @@ use toolhost_sdk::{Context, Tool, ToolError, export_tools};
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
-    /// The JSON document to query.
-    document: Value,
+    /// The JSON document to query, as JSON text (so that strict-mode models can send any
+    /// document).
+    document: String,
     /// A JSONPath: `$` then any of `.key`, `['key']`, `[index]` (negative counts from the
     /// end), `[*]` or `.*` (every child), `..key` (that key at any depth).
     path: String,
@@ -133,15 +134,20 @@ fn query<'a>(document: &'a Value, steps: &[Step]) -> Vec<&'a Value> {
 
 fn json_query(args: Args, _ctx: &Context) -> Result<Matches, ToolError> {
     let steps = parse(&args.path).map_err(|e| ToolError::invalid_args(format!("path: {e}")))?;
-    let matches: Vec<Value> = query(&args.document, &steps).into_iter().cloned().collect();
+    let document: Value = serde_json::from_str(&args.document)
+        .map_err(|e| ToolError::invalid_args(format!("document: not JSON: {e}")))?;
+    let matches: Vec<Value> = query(&document, &steps).into_iter().cloned().collect();
     Ok(Matches {
         count: matches.len(),
         matches,
     })
 }
 
-export_tools!(Tool::new(
-    "json_query",
-    "Selects values from a JSON document with a JSONPath expression such as `$.items[0].name`, `$..id` or `$.users[*].email`. Returns every match and their count.",
-    json_query,
-));
+export_tools!(
+    Tool::new(
+        "json_query",
+        "Selects values from a JSON document with a JSONPath expression such as `$.items[0].name`, `$..id` or `$.users[*].email`. Returns every match and their count.",
+        json_query,
+    )
+    .strict()
+);

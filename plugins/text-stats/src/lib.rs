@@ -81,11 +81,13 @@ export_tools!(
         "Counts characters, bytes, words, lines and sentences in a text, and the average word length.",
         text_stats,
     )
-    .group("text"),
+    .group("text")
+    .strict(),
     Tool::new(
         "word_frequency",
         "Lists the most frequent words in a text (case-insensitive), most frequent first.",
         word_frequency,
     )
-    .group("text"),
+    .group("text")
+    .strict(),
 );
