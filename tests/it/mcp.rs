@@ -546,6 +546,16 @@ async fn a_result_that_finished_while_the_client_was_away_is_replayed() {
     let replayed = mcp_raw(&url, &key, &resume, "", "\"done\"").await;
     assert!(replayed.contains("\"id\":7"), "{replayed}");
     assert!(replayed.contains("\"isError\":false"), "{replayed}");
+    // A resume that cannot be served says so, rather than an empty stream.
+    for unknown in ["nope", "unknown-stream/0"] {
+        let resume = [
+            ("Mcp-Session-Id", session.trim()),
+            ("Last-Event-ID", unknown),
+        ];
+        let refused = mcp_raw(&url, &key, &resume, "", "\r\n\r\n{").await;
+        assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+        assert!(refused.contains("cannot_resume"), "{refused}");
+    }
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }

@@ -67,12 +67,39 @@ impl RecentEvents {
         }
     }
 
+    /// Whether `tenant`'s client can resume after `last_event_id`; else why not.
+    pub fn check_resume(&self, tenant: &str, last_event_id: &str) -> Result<(), &'static str> {
+        self.lock().stream_after(tenant, last_event_id).map(drop)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Events> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Events {
+    /// The stream of `last_event_id` and its sequence number, if all that followed it is kept.
+    fn stream_after(
+        &self,
+        tenant: &str,
+        last_event_id: &str,
+    ) -> Result<(&Stream, u64), &'static str> {
+        let (stream, sequence) = last_event_id
+            .rsplit_once('/')
+            .and_then(|(stream, seq)| Some((stream, seq.parse::<u64>().ok()?)))
+            .ok_or("not an event id of this server")?;
+        let kept = self
+            .tenants
+            .get(tenant)
+            .and_then(|events| events.by_stream.get(stream))
+            .filter(|kept| {
+                kept.dropped_through
+                    .is_none_or(|dropped| dropped <= sequence)
+            })
+            .ok_or("the events after this one are no longer kept")?;
+        Ok((kept, sequence))
+    }
+
     /// Drops the oldest event of the tenant keeping the most bytes.
     fn drop_one(&mut self) -> bool {
         let Some(tenant) = self
@@ -150,20 +177,8 @@ impl EventStore for TenantStore {
         &self,
         last_event_id: &str,
     ) -> Result<EventStream, EventStoreError> {
-        let (stream, sequence) = last_event_id
-            .rsplit_once('/')
-            .and_then(|(stream, seq)| Some((stream, seq.parse::<u64>().ok()?)))
-            .ok_or("not an event id of this server")?;
         let all = self.events.lock();
-        let kept = all
-            .tenants
-            .get(&self.tenant)
-            .and_then(|events| events.by_stream.get(stream))
-            .filter(|kept| {
-                kept.dropped_through
-                    .is_none_or(|dropped| dropped <= sequence)
-            })
-            .ok_or("the events after this one are no longer kept")?;
+        let (kept, sequence) = all.stream_after(&self.tenant, last_event_id)?;
         let after: Vec<ServerSseMessage> = kept
             .kept
             .iter()

@@ -170,7 +170,26 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
                     Err(refused) => return sessions_refused(refused).into_response(),
                 },
                 (Some(id), _) => {
-                    app.mcp.sessions.seen(id);
+                    let open = app.mcp.sessions.seen(&tenant, id);
+                    // rmcp answers a resume it cannot serve with an empty 200 stream, which
+                    // a client cannot tell from "nothing was missed". (A session not open
+                    // gets rmcp's 404, which tells the client to start a new one.)
+                    if open
+                        && let Some(last) = parts.headers.get(LAST_EVENT_ID)
+                        && let Err(why) = last
+                            .to_str()
+                            .map_err(|_| "not an event id of this server")
+                            .and_then(|last| app.mcp.sessions.check_resume(&tenant, last))
+                    {
+                        return ApiError::new(
+                            StatusCode::BAD_REQUEST,
+                            "cannot_resume",
+                            format!(
+                                "cannot resume after this Last-Event-ID: {why}; send a new request"
+                            ),
+                        )
+                        .into_response();
+                    }
                     None
                 }
                 _ => None,
@@ -223,6 +242,7 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
 }
 
 const MCP_SESSION_ID: &str = "mcp-session-id";
+const LAST_EVENT_ID: &str = "last-event-id";
 
 /// A `tools/call` whose params do not parse gets JSON-RPC's -32602 (invalid params), naming
 /// what is wrong. (rmcp cannot tell it from an unknown method and answers -32601.)

@@ -145,11 +145,24 @@ impl Sessions {
         })
     }
 
-    /// A request of session `id`: it is not idle.
-    pub(crate) fn seen(&self, id: &str) {
-        if let Some(session) = self.lock().sessions.get_mut(id) {
-            session.last_seen = Instant::now();
-        }
+    /// Whether `tenant`'s client can resume after `last_event_id`; else why not.
+    pub(crate) fn check_resume(
+        &self,
+        tenant: &str,
+        last_event_id: &str,
+    ) -> Result<(), &'static str> {
+        self.events.check_resume(tenant, last_event_id)
+    }
+
+    /// A request of `tenant` in session `id`: it is not idle. False for a session not open,
+    /// or another tenant's.
+    pub(crate) fn seen(&self, tenant: &str, id: &str) -> bool {
+        let mut open = self.lock();
+        let Some(session) = open.sessions.get_mut(id).filter(|s| &*s.tenant == tenant) else {
+            return false;
+        };
+        session.last_seen = Instant::now();
+        true
     }
 
     /// Session `id` ended at the client's request.
@@ -214,7 +227,8 @@ mod tests {
         let sessions = Sessions::new(limits(1, 1));
         sessions.admit("a").await.unwrap().opened("s1");
         tokio::time::advance(Duration::from_secs(59)).await;
-        sessions.seen("s1");
+        assert!(sessions.seen("a", "s1"));
+        assert!(!sessions.seen("b", "s1"), "another tenant's session");
         tokio::time::advance(Duration::from_secs(59)).await;
         assert_eq!(sessions.admit("b").await.err(), Some(Refused::Host(1)));
         tokio::time::advance(Duration::from_secs(2)).await;
