@@ -438,6 +438,7 @@ async fn a_call_the_client_cancels_stops_running() {
 
 /// One HTTP/1.1 request to the MCP endpoint at `url`, read until the server closes or `until`
 /// appears in what was read (then the connection is dropped, as a client that goes away).
+/// Protocol 2025-11-25 unless `head` names another (or none, with an empty value).
 async fn mcp_raw(url: &str, key: &str, head: &[(&str, &str)], body: &str, until: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = url.trim_start_matches("http://").trim_end_matches("/mcp");
@@ -446,10 +447,16 @@ async fn mcp_raw(url: &str, key: &str, head: &[(&str, &str)], body: &str, until:
     let mut request = format!(
         "{method} /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
          Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
-         MCP-Protocol-Version: 2025-11-25\r\nConnection: close\r\nContent-Length: {}\r\n",
+         Connection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
-    for (name, value) in head {
+    if !head
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("mcp-protocol-version"))
+    {
+        request.push_str("MCP-Protocol-Version: 2025-11-25\r\n");
+    }
+    for (name, value) in head.iter().filter(|(_, value)| !value.is_empty()) {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
@@ -555,6 +562,386 @@ async fn a_result_that_finished_while_the_client_was_away_is_replayed() {
         let refused = mcp_raw(&url, &key, &resume, "", "\r\n\r\n{").await;
         assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
         assert!(refused.contains("cannot_resume"), "{refused}");
+    }
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
+/// The tools `scripts/demo` installs, what each is asked, and what its answer must hold (a
+/// JSON pointer into the JSON text of its result, and the value there).
+fn example_calls() -> Vec<(&'static str, Value, &'static str, Value)> {
+    vec![
+        (
+            "text_stats",
+            json!({"text": "The cat sat."}),
+            "/words",
+            json!(3),
+        ),
+        (
+            "word_frequency",
+            json!({"text": "b a b"}),
+            "/0/word",
+            json!("b"),
+        ),
+        (
+            "json_query",
+            json!({"document": r#"{"a": [1, 2]}"#, "path": "$.a[1]"}),
+            "/matches/0",
+            json!(2),
+        ),
+        (
+            "convert_units",
+            json!({"value": 5, "from": "km", "to": "m"}),
+            "/value",
+            json!(5000.0),
+        ),
+        (
+            "js_word_count",
+            json!({"text": "a b a"}),
+            "/words",
+            json!(3),
+        ),
+    ]
+}
+
+/// A data directory where `acme` has the example tools, as `scripts/demo` installs them.
+async fn examples_installed() -> tempfile::TempDir {
+    let data = tempfile::tempdir().unwrap();
+    let host = examples_host(data.path());
+    for name in ["text_stats", "json_query", "unit_convert"] {
+        host.install("acme", plugin(name)).await.unwrap();
+    }
+    let source = std::fs::read_to_string(root().join("plugins/js-source/word_count.js")).unwrap();
+    host.install_js("acme", &source).await.unwrap();
+    data
+}
+
+fn examples_host(data: &std::path::Path) -> Host {
+    Host::open(HostConfig {
+        data_dir: Some(data.to_owned()),
+        js_runtime: Some(crate::plugins::js_runtime()),
+        ..crate::plugins::config()
+    })
+    .unwrap()
+}
+
+/// Checks one `tools/call` result against what the example must answer.
+fn assert_example_answer(result: &Value, tool: &str, pointer: &str, expected: &Value, how: &str) {
+    assert_eq!(result["isError"], false, "{how}: {tool}: {result}");
+    let text = result["content"][0]["text"].as_str().unwrap_or_default();
+    let answer: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    assert_eq!(
+        answer.pointer(pointer),
+        Some(expected),
+        "{how}: {tool}: {result}"
+    );
+}
+
+/// MCP Inspector's CLI (`@modelcontextprotocol/inspector` 2.12, the same client as its web UI
+/// and TUI) in each of its protocol eras: the result of `method` on `target`.
+async fn inspector(era: &str, target: &[&str], method: &[&str]) -> Value {
+    let launcher = client_dir()
+        .join("node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js");
+    let out = Command::new("node")
+        .arg(launcher)
+        .args(["--cli", "--protocol-era", era, "--format", "json", "-q"])
+        .args(method)
+        .args(target)
+        .env("HOME", root().join("target"))
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("Inspector answers within 60 s")
+        .expect("node is installed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{era} {method:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    reply["result"].clone()
+}
+
+/// MCP Inspector, in each protocol era it offers (`legacy`: 2025-11-25 with `initialize`;
+/// `auto` and `modern`: 2026-07-28), over Streamable HTTP and over stdio (`toolhost mcp`),
+/// lists the example tools and calls each of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_inspector_lists_and_calls_every_example_tool_in_every_era_on_both_transports() {
+    let data = examples_installed().await;
+    let host = Arc::new(examples_host(data.path()));
+    host.create_tenant("acme").unwrap();
+    let key = host
+        .create_key("acme", toolhost::Role::Agent)
+        .unwrap()
+        .secret;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(toolhost_server::server::serve(
+        host.clone(),
+        listener,
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let bearer = format!("Authorization: Bearer {key}");
+    let http = ["--server-url", url.as_str(), "--header", bearer.as_str()];
+    // `toolhost mcp` opens a data directory of its own.
+    let own = examples_installed().await;
+    let data_dir = own.path().to_str().unwrap().to_owned();
+    let artifacts = format!(
+        "TOOLHOST_ARTIFACT_DIR={}",
+        crate::plugins::artifact_dir().display()
+    );
+    let js_runtime = crate::plugins::js_runtime_path()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let stdio = [
+        "--transport",
+        "stdio",
+        "-e",
+        artifacts.as_str(),
+        "--",
+        env!("CARGO_BIN_EXE_toolhost"),
+        "--data-dir",
+        data_dir.as_str(),
+        "--tenant",
+        "acme",
+        "--js-runtime",
+        js_runtime.as_str(),
+        "mcp",
+    ];
+    inspect_examples(&http, "Streamable HTTP").await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    inspect_examples(&stdio, "stdio").await;
+}
+
+/// Inspector, in each era, lists the example tools on `target` and calls each of them.
+async fn inspect_examples(target: &[&str], transport: &str) {
+    let calls = example_calls();
+    let mut expected: Vec<&str> = calls.iter().map(|c| c.0).collect();
+    expected.sort_unstable();
+    for era in ["legacy", "auto", "modern"] {
+        let how = format!("{era} over {transport}");
+        let listed = inspector(era, target, &["--method", "tools/list"]).await;
+        let mut names: Vec<&str> = listed["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{how}: {listed}"))
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        names.sort_unstable();
+        assert_eq!(names, expected, "{how}");
+        for (tool, args, pointer, answer) in &calls {
+            let args = args.to_string();
+            let call = [
+                "--method",
+                "tools/call",
+                "--tool-name",
+                tool,
+                "--tool-args-json",
+                &args,
+            ];
+            let result = inspector(era, target, &call).await;
+            assert_example_answer(&result, tool, pointer, answer, &how);
+        }
+    }
+}
+
+/// One MCP session held by hand, over either transport, so that any protocol version can be
+/// asked for.
+enum RawSession {
+    Http {
+        url: String,
+        key: String,
+        head: Vec<(&'static str, String)>,
+    },
+    Stdio {
+        child: Box<Child>,
+        lines: Lines<BufReader<ChildStdout>>,
+    },
+}
+
+impl RawSession {
+    /// Ends the session: `toolhost mcp` exits at the end of its input, and lets go of its
+    /// data directory before the next one opens it.
+    async fn close(self) {
+        if let RawSession::Stdio { mut child, .. } = self {
+            drop(child.stdin.take());
+            let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .expect("toolhost mcp exits when its input ends")
+                .unwrap();
+            assert!(status.success(), "{status}");
+        }
+    }
+
+    /// Sends `message`; for a request, returns its response.
+    async fn send(&mut self, message: Value) -> Option<Value> {
+        let id = message.get("id").cloned();
+        match self {
+            RawSession::Http { url, key, head } => {
+                let head: Vec<(&str, &str)> = head.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                // Read to the end: the server closes a request's stream after its response.
+                let answer = mcp_raw(url, key, &head, &message.to_string(), "\u{0}").await;
+                let id = id?;
+                answer
+                    .lines()
+                    .filter_map(|l| {
+                        serde_json::from_str::<Value>(l.strip_prefix("data: ").unwrap_or(l)).ok()
+                    })
+                    .find(|m| m["id"] == id)
+                    .or_else(|| panic!("no response to {message}: {answer}"))
+            }
+            RawSession::Stdio { child, lines } => {
+                use tokio::io::AsyncWriteExt;
+                let stdin = child.stdin.as_mut().unwrap();
+                stdin
+                    .write_all(format!("{message}\n").as_bytes())
+                    .await
+                    .unwrap();
+                let id = id?;
+                loop {
+                    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                        .await
+                        .expect("toolhost mcp answers within 30 s")
+                        .unwrap()
+                        .expect("toolhost mcp is still running");
+                    let reply: Value = serde_json::from_str(&line).unwrap();
+                    if reply["id"] == id {
+                        return Some(reply);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Each protocol version before 2026-07-28 (that one is driven by the Python SDK and
+/// Inspector above), asked for by hand over Streamable HTTP and over stdio: `initialize`
+/// settles on it, every example tool is listed and answers, and results carry
+/// `structuredContent` from 2025-06-18 on, as that version's schema has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_transports() {
+    let data = examples_installed().await;
+    let host = Arc::new(examples_host(data.path()));
+    host.create_tenant("acme").unwrap();
+    let key = host
+        .create_key("acme", toolhost::Role::Agent)
+        .unwrap()
+        .secret;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(toolhost_server::server::serve(
+        host.clone(),
+        listener,
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let own = examples_installed().await;
+    for version in ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"] {
+        // The header came with 2025-06-18: clients of earlier versions do not send it.
+        let header = if version >= "2025-06-18" { version } else { "" };
+        let http = RawSession::Http {
+            url: url.clone(),
+            key: key.clone(),
+            head: vec![("MCP-Protocol-Version", header.to_owned())],
+        };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+            .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+            .arg("--data-dir")
+            .arg(own.path())
+            .arg("--js-runtime")
+            .arg(crate::plugins::js_runtime_path())
+            .args(["--tenant", "acme", "mcp"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let stdio = RawSession::Stdio {
+            child: Box::new(child),
+            lines,
+        };
+        for (transport, mut session) in [("Streamable HTTP", http), ("stdio", stdio)] {
+            let how = format!("{version} over {transport}");
+            let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": version, "capabilities": {},
+                "clientInfo": {"name": "by-hand", "version": "1"}}});
+            if let RawSession::Http { head, .. } = &mut session {
+                let version_header = [("MCP-Protocol-Version", header)];
+                let answer = mcp_raw(
+                    &url,
+                    &key,
+                    &version_header,
+                    &initialize.to_string(),
+                    "\u{0}",
+                )
+                .await;
+                let id = answer
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("mcp-session-id: ")
+                            .map(str::to_owned)
+                    })
+                    .unwrap_or_else(|| panic!("{how}: no session: {answer}"));
+                assert!(
+                    answer.contains(&format!("\"protocolVersion\":\"{version}\"")),
+                    "{how}: {answer}"
+                );
+                head.push(("Mcp-Session-Id", id.trim().to_owned()));
+            } else {
+                let reply = session.send(initialize).await.unwrap();
+                assert_eq!(
+                    reply["result"]["protocolVersion"], version,
+                    "{how}: {reply}"
+                );
+            }
+            session
+                .send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+                .await;
+            let listed = session
+                .send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+                .await
+                .unwrap();
+            let tools = listed["result"]["tools"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{how}: {listed}"));
+            let mut names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+            names.sort_unstable();
+            let calls = example_calls();
+            let mut expected: Vec<&str> = calls.iter().map(|c| c.0).collect();
+            expected.sort_unstable();
+            assert_eq!(names, expected, "{how}");
+            assert!(
+                tools.iter().all(|t| t["inputSchema"]["type"] == "object"),
+                "{how}"
+            );
+            for (n, (tool, args, pointer, answer)) in calls.iter().enumerate() {
+                let call = json!({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call",
+                    "params": {"name": tool, "arguments": args}});
+                let reply = session.send(call).await.unwrap();
+                let result = &reply["result"];
+                assert_example_answer(result, tool, pointer, answer, &how);
+                let structured = version >= "2025-06-18";
+                assert_eq!(
+                    result.get("structuredContent").is_some(),
+                    structured,
+                    "{how}: {tool}: {result}"
+                );
+            }
+            session.close().await;
+        }
     }
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();

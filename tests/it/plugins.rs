@@ -56,8 +56,13 @@ pub fn plugin(name: &str) -> Vec<u8> {
 
 /// The JavaScript runtime component, built once per process by `scripts/build-js-runtime`.
 pub fn js_runtime() -> Vec<u8> {
+    std::fs::read(js_runtime_path()).unwrap()
+}
+
+/// Where [`js_runtime`] is.
+pub fn js_runtime_path() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    let path = PATH.get_or_init(|| {
+    PATH.get_or_init(|| {
         let out = Command::new("bash")
             .arg(root().join("scripts/build-js-runtime"))
             .output()
@@ -68,8 +73,7 @@ pub fn js_runtime() -> Vec<u8> {
             String::from_utf8_lossy(&out.stderr)
         );
         PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    });
-    std::fs::read(path).unwrap()
+    })
 }
 
 /// `plugins/js-component/word_count.ts` built into a component by the JS SDK's

@@ -164,6 +164,10 @@ impl ServerHandler for McpServer {
             ));
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
+        // `structuredContent` came with 2025-06-18: earlier clients get the text alone.
+        let structured_known = context
+            .protocol_version()
+            .is_none_or(|version| version.as_str() >= "2025-06-18");
         let result = match self
             .disclosure
             .call_cancellable(&Caller::tenant(tenant), &name, args, &context.ct)
@@ -175,11 +179,14 @@ impl ServerHandler for McpServer {
                 } else {
                     json!({"result": value})
                 };
-                json!({
+                let mut result = json!({
                     "content": [{"type": "text", "text": value.to_string()}],
-                    "structuredContent": structured,
                     "isError": false,
-                })
+                });
+                if structured_known {
+                    result["structuredContent"] = structured;
+                }
+                result
             }
             Err(error) => json!({
                 "content": [{"type": "text", "text": format!("error[{}]: {error}", error.code())}],
