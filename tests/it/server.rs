@@ -1166,6 +1166,9 @@ async fn every_keyed_route_checks_the_role_it_needs() {
         (("GET", "/v1/approvals"), Access::Decide),
         (("POST", "/v1/approvals/{call_id}/approve"), Access::Decide),
         (("POST", "/v1/approvals/{call_id}/reject"), Access::Decide),
+        (("POST", "/mcp"), Access::Call),
+        (("GET", "/mcp"), Access::Call),
+        (("DELETE", "/mcp"), Access::Call),
     ]
     .into_iter()
     .collect();
@@ -1357,4 +1360,67 @@ async fn developers_set_their_tenants_configuration_over_http() {
     };
     assert_eq!(delete().await.0, StatusCode::NO_CONTENT);
     assert_eq!(delete().await.0, StatusCode::NOT_FOUND);
+}
+
+/// Schemathesis (`tests/openapi`) runs every operation of the served OpenAPI document, `/mcp`
+/// included, with generated requests (valid ones, invalid ones, and sequences of them), and
+/// checks each answer against the document: status, content type, headers and body schema,
+/// every error in the one error shape, no 5xx, invalid input refused, valid input taken.
+/// A fixed seed keeps the run the same from one CI run to the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_answers_as_the_openapi_document_says() {
+    let data = tempfile::tempdir().unwrap();
+    let host = Arc::new(
+        Host::open(toolhost::HostConfig {
+            data_dir: Some(data.path().to_owned()),
+            ..crate::plugins::config()
+        })
+        .unwrap(),
+    );
+    host.create_tenant("acme").unwrap();
+    let key = host
+        .create_key("acme", toolhost::Role::Admin)
+        .unwrap()
+        .secret;
+    for name in ["text_stats", "unit_convert"] {
+        host.install("acme", plugin(name)).await.unwrap();
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(toolhost_server::server::serve(
+        host,
+        listener,
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let root = crate::plugins::root();
+    let run = tokio::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())",
+        ])
+        .arg("--config-file")
+        .arg(root.join("tests/openapi/schemathesis.toml"))
+        .args(["--no-color", "run", &format!("http://{addr}/openapi.json")])
+        .args(["--header", &format!("Authorization: Bearer {key}")])
+        .args(["--seed", "20261201"])
+        .current_dir(data.path())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("schemathesis ends within 5 minutes")
+        .expect("python3 is installed");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(report.contains(" passed"), "it ran: {report}");
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
 }

@@ -68,7 +68,7 @@ impl RecentEvents {
     }
 
     /// Whether `tenant`'s client can resume after `last_event_id`; else why not.
-    pub fn check_resume(&self, tenant: &str, last_event_id: &str) -> Result<(), &'static str> {
+    pub fn check_resume(&self, tenant: &str, last_event_id: &str) -> Result<(), CannotResume> {
         self.lock().stream_after(tenant, last_event_id).map(drop)
     }
 
@@ -83,11 +83,11 @@ impl Events {
         &self,
         tenant: &str,
         last_event_id: &str,
-    ) -> Result<(&Stream, u64), &'static str> {
+    ) -> Result<(&Stream, u64), CannotResume> {
         let (stream, sequence) = last_event_id
             .rsplit_once('/')
             .and_then(|(stream, seq)| Some((stream, seq.parse::<u64>().ok()?)))
-            .ok_or("not an event id of this server")?;
+            .ok_or(CannotResume::NotAnEventId)?;
         let kept = self
             .tenants
             .get(tenant)
@@ -96,7 +96,7 @@ impl Events {
                 kept.dropped_through
                     .is_none_or(|dropped| dropped <= sequence)
             })
-            .ok_or("the events after this one are no longer kept")?;
+            .ok_or(CannotResume::NotKept)?;
         Ok((kept, sequence))
     }
 
@@ -130,6 +130,17 @@ impl Events {
         }
         true
     }
+}
+
+/// Why a client cannot resume after an event id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CannotResume {
+    /// Not of the form this server gives (`stream/sequence`).
+    #[error("not an event id of this server")]
+    NotAnEventId,
+    /// Unknown to this tenant, or what followed it is no longer kept.
+    #[error("the events after this one are no longer kept")]
+    NotKept,
 }
 
 /// One tenant's view of [`RecentEvents`]: what rmcp's sessions of that tenant store and

@@ -33,6 +33,7 @@ use toolhost::{
 };
 
 use crate::bridges::{Disclosure, DisclosureConfig};
+use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
 use crate::mcp::{McpServer, McpTenant};
 use crate::sessions::{Refused, SessionLimits, Sessions};
@@ -142,7 +143,58 @@ fn router_with_shutdown(
             )
         })
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+        .layer(axum::middleware::map_response(errors_in_one_shape))
         .with_state(app)
+}
+
+/// Every error in the one shape, also those that axum's extractors and rmcp write as plain
+/// text (a bad query string, a wrong method, a request MCP cannot take). JSON errors (ours,
+/// and JSON-RPC's) pass as they are.
+async fn errors_in_one_shape(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_owned();
+    let code = match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::NOT_ACCEPTABLE => "not_acceptable",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UNPROCESSABLE_ENTITY => "unprocessable",
+        StatusCode::CONFLICT => "conflict",
+        _ if status.is_server_error() => "internal",
+        _ => "bad_request",
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    let mut shaped = ApiError::new(status, code, message).into_response();
+    // Keep what the client needs to act on (`Allow`, `Retry-After`, the MCP session id).
+    let body_headers = [
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+    ];
+    for (name, value) in &parts.headers {
+        if !body_headers.contains(name) {
+            shaped.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    shaped
 }
 
 /// `/mcp` takes the same API keys: the key's tenant picks its sessions, and rides along in
@@ -163,40 +215,31 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
                 .get(MCP_SESSION_ID)
                 .and_then(|id| id.to_str().ok())
                 .map(str::to_owned);
+            // `Some(false)`: a session that is not open, or is another tenant's (rmcp answers
+            // 404, which tells the client to start a new one).
+            let open = session
+                .as_deref()
+                .map(|id| app.mcp.sessions.seen(&tenant, id));
+            if let Some(refusal) = refuse_before_rmcp(&app, &tenant, &parts, open) {
+                return refusal;
+            }
             // A POST without a session is an `initialize`: it must fit under the caps.
             let opening = match (&session, &parts.method) {
                 (None, &axum::http::Method::POST) => match app.mcp.sessions.admit(&tenant).await {
                     Ok(opening) => Some(opening),
                     Err(refused) => return sessions_refused(refused).into_response(),
                 },
-                (Some(id), _) => {
-                    let open = app.mcp.sessions.seen(&tenant, id);
-                    // rmcp answers a resume it cannot serve with an empty 200 stream, which
-                    // a client cannot tell from "nothing was missed". (A session not open
-                    // gets rmcp's 404, which tells the client to start a new one.)
-                    if open
-                        && let Some(last) = parts.headers.get(LAST_EVENT_ID)
-                        && let Err(why) = last
-                            .to_str()
-                            .map_err(|_| "not an event id of this server")
-                            .and_then(|last| app.mcp.sessions.check_resume(&tenant, last))
-                    {
-                        return ApiError::new(
-                            StatusCode::BAD_REQUEST,
-                            "cannot_resume",
-                            format!(
-                                "cannot resume after this Last-Event-ID: {why}; send a new request"
-                            ),
-                        )
-                        .into_response();
-                    }
-                    None
-                }
                 _ => None,
             };
             let service = app.mcp.service(&app.host, &tenant);
-            parts.extensions.insert(McpTenant(tenant));
+            accept_what_mcp_sends(&mut parts.headers);
+            let json_request = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("application/json"));
             let terminating = parts.method == axum::http::Method::DELETE;
+            parts.extensions.insert(McpTenant(tenant));
             let body = if parts.method == axum::http::Method::POST {
                 match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
                     Ok(bytes) => match invalid_params(&bytes) {
@@ -219,6 +262,11 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
                 .handle(Request::from_parts(parts, body))
                 .await
                 .map(Body::new);
+            // rmcp answers 415 for a JSON body that is not a JSON-RPC message: that is a bad
+            // request (the media type was right).
+            if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE && json_request {
+                *response.status_mut() = StatusCode::BAD_REQUEST;
+            }
             if let Some(opening) = opening
                 && let Some(id) = response.headers().get(MCP_SESSION_ID)
                 && let Ok(id) = id.to_str()
@@ -238,6 +286,68 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
             response
         }
         Err(error) => error.into_response(),
+    }
+}
+
+/// What rmcp would answer wrongly, answered here: a stream asked for without a session, a
+/// resume it cannot serve (rmcp sends an
+/// empty 200 stream, which a client cannot tell from "nothing was missed": 409), and a
+/// DELETE that
+/// names no session (405) or one that is not open (202).
+fn refuse_before_rmcp(
+    app: &App,
+    tenant: &str,
+    parts: &Parts,
+    open: Option<bool>,
+) -> Option<Response> {
+    if parts.method == axum::http::Method::GET && open.is_none() {
+        let message = "GET /mcp streams a session's messages: name it in the Mcp-Session-Id header";
+        return Some(
+            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message).into_response(),
+        );
+    }
+    if open == Some(true)
+        && let Some(last) = parts.headers.get(LAST_EVENT_ID)
+        && let Err(why) = last
+            .to_str()
+            .map_err(|_| CannotResume::NotAnEventId)
+            .and_then(|last| app.mcp.sessions.check_resume(tenant, last))
+    {
+        let message = format!("cannot resume after this Last-Event-ID: {why}; send a new request");
+        let refusal = ApiError::new(StatusCode::CONFLICT, "cannot_resume", message);
+        return Some(refusal.into_response());
+    }
+    if parts.method != axum::http::Method::DELETE {
+        return None;
+    }
+    let refusal = match open {
+        None => ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "DELETE /mcp ends the session named by the Mcp-Session-Id header",
+        ),
+        Some(false) => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such MCP session: it ended, expired, or is another tenant's",
+        ),
+        Some(true) => return None,
+    };
+    Some(refusal.into_response())
+}
+
+/// A client that accepts anything (`*/*`, or no `Accept` at all) accepts the two types an MCP
+/// answer comes in; rmcp wants them named, and would answer 406.
+fn accept_what_mcp_sends(headers: &mut axum::http::HeaderMap) {
+    let any = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .all(|v| v.to_str().is_ok_and(|v| v.contains("*/*")));
+    if any {
+        headers.insert(
+            header::ACCEPT,
+            axum::http::HeaderValue::from_static("application/json, text/event-stream"),
+        );
     }
 }
 
@@ -624,7 +734,8 @@ async fn versions(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RollbackRequest {
-    to: Option<u32>,
+    /// A JSON number: `3.0` is version 3, as JSON Schema's `integer` has it.
+    to: Option<serde_json::Number>,
 }
 
 async fn rollback(
@@ -635,7 +746,22 @@ async fn rollback(
 ) -> Result<Json<Value>, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
     let request: RollbackRequest = json_body(body)?;
-    let version = app.host.rollback(&tenant, &name, request.to)?;
+    let to = match request.to {
+        None => None,
+        Some(to) => Some(
+            to.as_f64()
+                .filter(|v| v.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(v))
+                .map(|v| v as u32)
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_json",
+                        format!("`to` must be a version number, got {to}"),
+                    )
+                })?,
+        ),
+    };
+    let version = app.host.rollback(&tenant, &name, to)?;
     Ok(Json(json!({"current": version})))
 }
 

@@ -150,7 +150,7 @@ impl Sessions {
         &self,
         tenant: &str,
         last_event_id: &str,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), crate::events::CannotResume> {
         self.events.check_resume(tenant, last_event_id)
     }
 
