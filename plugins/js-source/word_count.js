@@ -9,6 +9,21 @@ export const spec = {
     required: ["text"],
     properties: { text: { type: "string", description: "The text to count." } },
   },
+  // What every answer looks like: MCP lists it as the tool's outputSchema.
+  output_schema: {
+    type: "object",
+    required: ["words", "distinct", "most_frequent"],
+    properties: {
+      words: { type: "integer" },
+      distinct: { type: "integer" },
+      most_frequent: {
+        anyOf: [
+          { type: "null" },
+          { type: "object", required: ["word", "count"], properties: { word: { type: "string" }, count: { type: "integer" } } },
+        ],
+      },
+    },
+  },
 };
 
 export default function (args, ctx) {

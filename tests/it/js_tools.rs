@@ -60,6 +60,38 @@ async fn the_example_installs_and_answers_at_once() {
     ));
 }
 
+/// A tool's `output_schema` holds for every answer: MCP lists it as `outputSchema`, and an
+/// answer that does not meet it is `invalid_output`, never passed on to the agent.
+#[tokio::test]
+async fn every_answer_meets_the_tools_output_schema() {
+    let host = host_in(None);
+    host.install_js("acme", &example()).await.unwrap();
+    let listed = host.export("acme", toolhost::export::Format::Mcp);
+    assert_eq!(listed[0]["outputSchema"]["required"][0], "words");
+    let wrong = r#"export const spec = { name: "js_wrong", description: "Says it counts.",
+        parameters: { type: "object" },
+        output_schema: { type: "object", required: ["words"], properties: { words: { type: "integer" } } } };
+    export default function (args) { return args.right ? { words: 3 } : { words: "three" }; }"#;
+    host.install_js("acme", wrong).await.unwrap();
+    assert!(
+        call(&host, "js_wrong", json!({"right": true}))
+            .await
+            .result
+            .is_ok()
+    );
+    let out = call(&host, "js_wrong", json!({})).await;
+    assert_eq!(out.code(), "invalid_output");
+    let message = out.result.unwrap_err().to_string();
+    assert!(message.contains("output_schema"), "{message}");
+    // An output schema that is not an object's is refused at install, naming the field.
+    let not_an_object = wrong.replace("js_wrong", "js_list").replace(
+        r#"output_schema: { type: "object","#,
+        r#"output_schema: { type: "array","#,
+    );
+    let error = host.install_js("acme", &not_an_object).await.unwrap_err();
+    assert!(error.to_string().contains("output_schema"), "{error}");
+}
+
 #[tokio::test]
 async fn helpers_context_and_nested_calls_work_from_js() {
     let host = host_in(None);

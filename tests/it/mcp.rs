@@ -831,7 +831,8 @@ impl RawSession {
 /// Each protocol version before 2026-07-28 (that one is driven by the Python SDK and
 /// Inspector above), asked for by hand over Streamable HTTP and over stdio: `initialize`
 /// settles on it, every example tool is listed and answers, and results carry
-/// `structuredContent` from 2025-06-18 on, as that version's schema has it.
+/// `structuredContent` (and listings `outputSchema`) from 2025-06-18 on, as that version's
+/// schema has it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_transports() {
     let data = examples_installed().await;
@@ -932,6 +933,13 @@ async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_trans
             assert!(
                 tools.iter().all(|t| t["inputSchema"]["type"] == "object"),
                 "{how}"
+            );
+            // `js_word_count` declares its output; clients before 2025-06-18 do not see it.
+            let js = tools.iter().find(|t| t["name"] == "js_word_count").unwrap();
+            assert_eq!(
+                js.get("outputSchema").is_some(),
+                version >= "2025-06-18",
+                "{how}: {js}"
             );
             for (n, (tool, args, pointer, answer)) in calls.iter().enumerate() {
                 let call = json!({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call",

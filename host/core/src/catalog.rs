@@ -11,8 +11,7 @@ use serde_json::Value;
 use toolhost_sandbox::GuestToolDef;
 use toolhost_spec::digest::sha256_hex;
 use toolhost_spec::export::{self, Format};
-use toolhost_spec::schema::ArgsValidator;
-use toolhost_spec::spec::{CachePolicy, Limits, RESERVED_NAMES, SpecError, ToolSpec};
+use toolhost_spec::spec::{CachePolicy, Limits, RESERVED_NAMES, Schemas, SpecError, ToolSpec};
 use toolhost_store::{SourceKind, Store, StoreError, ToolEntry, code_bytes, now_ms};
 
 use crate::components::Components;
@@ -115,10 +114,10 @@ impl Resolved {
         }
     }
 
-    pub fn validator(&self) -> &ArgsValidator {
+    pub fn schemas(&self) -> &Schemas {
         match self {
-            Resolved::Native(tool) => &tool.validator,
-            Resolved::Tenant(tool) => &tool.validator,
+            Resolved::Native(tool) => &tool.schemas,
+            Resolved::Tenant(tool) => &tool.schemas,
         }
     }
 
@@ -515,11 +514,11 @@ fn check_tenant(tenant: &str) -> Result<(), InstallError> {
 
 fn tenant_tool(entry: &ToolEntry) -> Result<TenantTool, SpecError> {
     let version = entry.current().clone();
-    let validator = version.spec.validate()?;
+    let schemas = version.spec.validate()?;
     Ok(TenantTool {
         tenant: entry.tenant.clone(),
         version,
-        validator,
+        schemas,
     })
 }
 
@@ -551,6 +550,8 @@ fn spec_from_guest(def: GuestToolDef) -> Result<ToolSpec, SpecError> {
         needs_approval: def.needs_approval,
         idempotent: def.idempotent,
         retry_count_on_stall: def.retry_count_on_stall,
+        // `tool-def` of toolhost:plugin@0.1.0 has no output schema.
+        output_schema: None,
     })
 }
 

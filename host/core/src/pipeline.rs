@@ -210,7 +210,7 @@ impl Pipeline {
         if spec.strict {
             strict::nulls_as_absent(&spec.parameters, &mut args);
         }
-        if let Err(errors) = tool.validator().validate(&args) {
+        if let Err(errors) = tool.schemas().args.validate(&args) {
             outcome.result = Err(CallError::InvalidArgs { errors });
             return;
         }
@@ -415,6 +415,17 @@ impl Pipeline {
                 Err(CallError::Timeout { limit_ms: named }) => *named = limit_ms,
                 _ => break,
             }
+        }
+        if let (Ok(value), Some(output)) = (&result, &tool.schemas().output)
+            && let Err(errors) = output.validate(value)
+        {
+            let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            result = Err(CallError::InvalidOutput {
+                reason: format!(
+                    "the result does not meet its output_schema: {}",
+                    errors.join("; ")
+                ),
+            });
         }
         outcome.result = match result {
             Ok(value) => {

@@ -10,8 +10,7 @@ use serde_json::Value;
 
 use toolhost_sandbox::helpers::Helpers;
 use toolhost_spec::call::{CallContext, ToolError};
-use toolhost_spec::schema::ArgsValidator;
-use toolhost_spec::spec::{SpecError, ToolSpec};
+use toolhost_spec::spec::{Schemas, SpecError, ToolSpec};
 use toolhost_store::ToolVersion;
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -22,7 +21,7 @@ type Handler =
 pub struct NativeTool {
     /// Its spec, as agents see it.
     pub spec: ToolSpec,
-    pub(crate) validator: ArgsValidator,
+    pub(crate) schemas: Schemas,
     pub(crate) handler: Handler,
 }
 
@@ -33,7 +32,7 @@ pub struct TenantTool {
     pub tenant: String,
     /// The version that answers calls.
     pub version: ToolVersion,
-    pub(crate) validator: ArgsValidator,
+    pub(crate) schemas: Schemas,
 }
 
 impl TenantTool {
@@ -71,7 +70,7 @@ impl NativeRegistry {
         F: Fn(Value, Helpers, CallContext) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
     {
-        let validator = spec.validate()?;
+        let schemas = spec.validate()?;
         let mut tools = self.tools.write().unwrap_or_else(|p| p.into_inner());
         if tools.contains_key(&spec.name) {
             return Err(RegisterError::Duplicate(spec.name));
@@ -82,7 +81,7 @@ impl NativeRegistry {
             spec.name.clone(),
             Arc::new(NativeTool {
                 spec,
-                validator,
+                schemas,
                 handler,
             }),
         );

@@ -102,8 +102,8 @@ impl Disclosure {
         let bridge_args = bridges(&config)
             .into_iter()
             .map(|spec| {
-                let validator = spec.validate().expect("the bridges' schemas are valid");
-                (spec.name, validator)
+                let schemas = spec.validate().expect("the bridges' schemas are valid");
+                (spec.name, schemas.args)
             })
             .collect();
         Disclosure {

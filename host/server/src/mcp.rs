@@ -124,11 +124,14 @@ impl ServerHandler for McpServer {
             .map(|spec| export::tool(spec, Format::Mcp))
             .collect();
         let next = (start + PAGE_SIZE < listed.len()).then(|| (start + PAGE_SIZE).to_string());
-        let tools: Vec<Tool> = page
+        let mut tools: Vec<Tool> = page
             .into_iter()
             .map(serde_json::from_value)
             .collect::<Result<_, _>>()
             .map_err(|e| ErrorData::internal_error(format!("a tool did not convert: {e}"), None))?;
+        if !knows_structured_output(&context) {
+            tools.iter_mut().for_each(|tool| tool.output_schema = None);
+        }
         let result = json!({"tools": tools, "nextCursor": next});
         let mut result: ListToolsResult = serde_json::from_value(result)
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
@@ -164,10 +167,7 @@ impl ServerHandler for McpServer {
             ));
         }
         let args = Value::Object(request.arguments.unwrap_or_default());
-        // `structuredContent` came with 2025-06-18: earlier clients get the text alone.
-        let structured_known = context
-            .protocol_version()
-            .is_none_or(|version| version.as_str() >= "2025-06-18");
+        let structured_known = knows_structured_output(&context);
         let result = match self
             .disclosure
             .call_cancellable(&Caller::tenant(tenant), &name, args, &context.ct)
@@ -264,4 +264,12 @@ async fn tenant_changed(changes: &mut Receiver<String>, tenant: &str) -> Option<
             Err(RecvError::Closed) => return None,
         }
     }
+}
+
+/// `structuredContent` and `outputSchema` came with 2025-06-18: earlier clients get the text
+/// alone, and tools without output schemas.
+fn knows_structured_output(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_none_or(|version| version.as_str() >= "2025-06-18")
 }

@@ -62,6 +62,9 @@ pub fn tool(spec: &ToolSpec, format: Format) -> Value {
                 "description": spec.description,
                 "inputSchema": spec.parameters,
             });
+            if let Some(output) = &spec.output_schema {
+                tool["outputSchema"] = output.clone();
+            }
             if let Some(group) = &spec.group {
                 tool["_meta"] = json!({MCP_GROUP_META: group});
             }

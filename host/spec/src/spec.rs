@@ -51,6 +51,26 @@ pub struct ToolSpec {
     /// Retries of a call that timed out: 0 to 5, only for an idempotent tool.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retry_count_on_stall: u32,
+    /// A JSON Schema (`"type": "object"` at the top) that every result must meet: MCP lists it
+    /// as the tool's `outputSchema`, and a result that does not meet it is `invalid_output`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+}
+
+/// A spec's compiled schemas, which calls are checked against.
+pub struct Schemas {
+    /// The arguments'.
+    pub args: ArgsValidator,
+    /// The results', for a tool that declares an `output_schema`.
+    pub output: Option<ArgsValidator>,
+}
+
+impl std::fmt::Debug for Schemas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schemas")
+            .field("output", &self.output.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 fn is_false(value: &bool) -> bool {
@@ -243,11 +263,12 @@ impl ToolSpec {
             needs_approval: false,
             idempotent: false,
             retry_count_on_stall: 0,
+            output_schema: None,
         }
     }
 
-    /// Checks every rule and compiles the parameter schema, which calls then validate against.
-    pub fn validate(&self) -> Result<ArgsValidator, SpecError> {
+    /// Checks every rule and compiles the schemas, which calls then validate against.
+    pub fn validate(&self) -> Result<Schemas, SpecError> {
         let name = &self.name;
         if !is_valid_name(name) {
             return Err(SpecError::new(
@@ -313,13 +334,20 @@ impl ToolSpec {
                 "only an idempotent tool may be retried (set idempotent)",
             ));
         }
-        let validator = schema::compile(&self.parameters, self.strict)
+        let args = schema::compile(&self.parameters, self.strict)
             .map_err(|rule| SpecError::new(name, "parameters", rule))?;
         if self.strict {
             crate::strict::openai_strict(&self.parameters)
                 .map_err(|rule| SpecError::new(name, "parameters", format!("strict: {rule}")))?;
         }
-        Ok(validator)
+        let output = match &self.output_schema {
+            None => None,
+            Some(output) => Some(
+                schema::compile(output, false)
+                    .map_err(|rule| SpecError::new(name, "output_schema", rule))?,
+            ),
+        };
+        Ok(Schemas { args, output })
     }
 }
 
