@@ -832,7 +832,7 @@ impl RawSession {
 /// Inspector above), asked for by hand over Streamable HTTP and over stdio: `initialize`
 /// settles on it, every example tool is listed and answers, and results carry
 /// `structuredContent` (and listings `outputSchema`) from 2025-06-18 on, as that version's
-/// schema has it.
+/// schema has it; JSON-RPC batches are answered before 2025-06-18 and refused from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_transports() {
     let data = examples_installed().await;
@@ -954,9 +954,46 @@ async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_trans
                     "{how}: {tool}: {result}"
                 );
             }
+            if let RawSession::Http { head, .. } = &session {
+                assert_batches(&url, &key, head, version, &how).await;
+            }
             session.close().await;
         }
     }
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
+}
+
+/// A JSON-RPC batch: answered as one array in request order on versions that have batches
+/// (before 2025-06-18), refused as an invalid request on the others.
+async fn assert_batches(url: &str, key: &str, head: &[(&str, String)], version: &str, how: &str) {
+    let batch = json!([
+        {"jsonrpc": "2.0", "id": 100, "method": "tools/call",
+         "params": {"name": "text_stats", "arguments": {"text": "One two three."}}},
+        {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"},
+        {"jsonrpc": "2.0", "id": 101, "method": "tools/call",
+         "params": {"name": "text_stats", "arguments": {"txt": "wrong"}}},
+        {"jsonrpc": "2.0", "id": 102, "method": "tools/call", "params": {"nom": "x"}},
+    ]);
+    let head: Vec<(&str, &str)> = head.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let answer = mcp_raw(url, key, &head, &batch.to_string(), "\u{0}").await;
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let reply: Value =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{how}: {e}: {answer}"));
+    if version >= "2025-06-18" {
+        assert!(answer.starts_with("HTTP/1.1 400"), "{how}: {answer}");
+        assert_eq!(reply["error"]["code"], -32600, "{how}: {reply}");
+        return;
+    }
+    assert!(answer.starts_with("HTTP/1.1 200"), "{how}: {answer}");
+    let ids: Vec<&Value> = reply.as_array().unwrap().iter().map(|a| &a["id"]).collect();
+    assert_eq!(
+        ids,
+        [&json!(100), &json!(101), &json!(102)],
+        "{how}: {reply}"
+    );
+    let words = reply[0]["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(words.contains("\"words\":3"), "{how}: {reply}");
+    assert_eq!(reply[1]["result"]["isError"], true, "{how}: {reply}");
+    assert_eq!(reply[2]["error"]["code"], -32602, "{how}: {reply}");
 }

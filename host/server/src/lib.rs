@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+mod batch;
 pub mod bridges;
 pub mod events;
 pub mod listener;

@@ -32,6 +32,7 @@ use toolhost::{
     ManageError, StoreError,
 };
 
+use crate::batch;
 use crate::bridges::{Disclosure, DisclosureConfig};
 use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
@@ -242,6 +243,12 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
             parts.extensions.insert(McpTenant(tenant));
             let body = if parts.method == axum::http::Method::POST {
                 match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
+                    Ok(bytes) if batch::is_batch(&bytes) => {
+                        let service = &service;
+                        let one =
+                            |request| async move { service.handle(request).await.map(Body::new) };
+                        return batch::answer(&parts, &bytes, one).await;
+                    }
                     Ok(bytes) => match invalid_params(&bytes) {
                         Some(refusal) => return refusal,
                         None => Body::from(bytes),
@@ -356,7 +363,7 @@ const LAST_EVENT_ID: &str = "last-event-id";
 
 /// A `tools/call` whose params do not parse gets JSON-RPC's -32602 (invalid params), naming
 /// what is wrong. (rmcp cannot tell it from an unknown method and answers -32601.)
-fn invalid_params(message: &[u8]) -> Option<Response> {
+pub(crate) fn invalid_params(message: &[u8]) -> Option<Response> {
     let message: Value = serde_json::from_slice(message).ok()?;
     if message.get("method")? != "tools/call" {
         return None;

@@ -1,0 +1,118 @@
+//! JSON-RPC batches, which MCP allowed in 2025-03-26 (and 2024-11-05) and removed in
+//! 2025-06-18. rmcp takes one message per request, so a batch is split here: each message
+//! goes through rmcp on its own, at once, and the answers come back as one JSON array in the
+//! order of the requests. A batch of notifications and responses only is accepted with 202.
+
+use axum::body::{Body, Bytes};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+/// The most messages one batch may hold: each runs at once.
+pub const MAX_BATCH: usize = 32;
+
+/// Whether `body` is a batch (a JSON array), by its first character.
+pub(crate) fn is_batch(body: &[u8]) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[')
+}
+
+/// Why a batch is not taken, as a JSON-RPC error (its `id` is null: the batch has none).
+fn refused(code: i64, message: &str) -> Response {
+    let error = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
+    (StatusCode::BAD_REQUEST, axum::Json(error)).into_response()
+}
+
+/// Answers the batch in `body`; `one` answers a single message, as `/mcp` would alone.
+pub(crate) async fn answer<F, Fut>(parts: &Parts, body: &[u8], one: F) -> Response
+where
+    F: Fn(Request<Body>) -> Fut,
+    Fut: Future<Output = Response>,
+{
+    let version = parts
+        .headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok());
+    // Without the header a client speaks 2025-03-26 (the header came with 2025-06-18).
+    if version.is_some_and(|v| v >= "2025-06-18") {
+        return refused(
+            -32600,
+            "JSON-RPC batches were removed from MCP in 2025-06-18: send one message per request",
+        );
+    }
+    let Ok(Value::Array(messages)) = serde_json::from_slice::<Value>(body) else {
+        return refused(-32700, "the batch is not valid JSON");
+    };
+    if messages.is_empty() || messages.len() > MAX_BATCH {
+        let message = format!("a batch holds 1 to {MAX_BATCH} messages");
+        return refused(-32600, &message);
+    }
+    if messages.iter().any(|m| m["method"] == "initialize") {
+        return refused(-32600, "`initialize` may not be part of a batch");
+    }
+    let answers = futures::future::join_all(messages.iter().map(|message| {
+        let mut request = Request::new(Body::from(message.to_string()));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = parts.uri.clone();
+        *request.headers_mut() = parts.headers.clone();
+        request.headers_mut().remove(header::CONTENT_LENGTH);
+        *request.extensions_mut() = parts.extensions.clone();
+        let refusal = crate::server::invalid_params(message.to_string().as_bytes());
+        let answer = refusal.is_none().then(|| one(request));
+        async move {
+            let response = match (refusal, answer) {
+                (Some(refusal), _) => refusal,
+                (None, Some(answer)) => answer.await,
+                (None, None) => unreachable!("one of the two is set"),
+            };
+            answer_of(message, response).await
+        }
+    }))
+    .await;
+    let answers: Vec<Value> = answers.into_iter().flatten().collect();
+    if answers.is_empty() {
+        return StatusCode::ACCEPTED.into_response();
+    }
+    let mut response = axum::Json(Value::Array(answers)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// The answer to one request of a batch (none for a notification or a response), read from
+/// what `/mcp` answered it alone: JSON, or the SSE stream that ends with it.
+async fn answer_of(message: &Value, response: Response) -> Option<Value> {
+    let id = message
+        .get("id")
+        .filter(|_| message.get("method").is_some())?;
+    let status = response.status();
+    let body = read_bounded(response.into_body()).await;
+    let text = String::from_utf8_lossy(&body);
+    let found = text
+        .lines()
+        .filter_map(|line| {
+            serde_json::from_str::<Value>(line.strip_prefix("data:").unwrap_or(line).trim()).ok()
+        })
+        .find(|answer| answer.get("id") == Some(id) && answer.get("jsonrpc").is_some());
+    Some(found.unwrap_or_else(|| {
+        // Refused before rmcp answered it (its session, its size, its tenant's caps).
+        let message = format!("{status}: {}", text.trim());
+        json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32600, "message": message}})
+    }))
+}
+
+/// A body read whole, up to the size of a message.
+async fn read_bounded(body: Body) -> Bytes {
+    let mut stream = body.into_data_stream();
+    let mut read = Vec::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        read.extend_from_slice(&chunk);
+        if read.len() > crate::server::MAX_REQUEST_BYTES * 16 {
+            break;
+        }
+    }
+    read.into()
+}
