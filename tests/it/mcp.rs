@@ -997,3 +997,84 @@ async fn assert_batches(url: &str, key: &str, head: &[(&str, String)], version: 
     assert_eq!(reply[1]["result"]["isError"], true, "{how}: {reply}");
     assert_eq!(reply[2]["error"]["code"], -32602, "{how}: {reply}");
 }
+
+/// The official TypeScript SDK client and the Python SDK's default `Client` (modes `auto` and
+/// `legacy`), over Streamable HTTP and over stdio, list the example tools and call each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdks_call_every_example_tool_on_both_transports() {
+    let data = examples_installed().await;
+    let host = Arc::new(examples_host(data.path()));
+    host.create_tenant("acme").unwrap();
+    let key = host
+        .create_key("acme", toolhost::Role::Agent)
+        .unwrap()
+        .secret;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(toolhost_server::server::serve(
+        host.clone(),
+        listener,
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let own = examples_installed().await;
+    let own = own.path().to_str().unwrap();
+    let toolhost = env!("CARGO_BIN_EXE_toolhost");
+    let calls = example_calls();
+    let asked: Vec<(&str, &Value)> = calls.iter().map(|(name, args, ..)| (*name, args)).collect();
+    let asked = serde_json::to_string(&asked).unwrap();
+    let python = client_dir().join("python_client.py");
+    let python = python.to_str().unwrap();
+    let runs: [(&str, Vec<&str>); 6] = [
+        ("node", vec!["client.mjs", "http", &url, &key]),
+        ("node", vec!["client.mjs", "stdio", toolhost, own, "acme"]),
+        ("python3", vec![python, "auto", "http", &url, &key]),
+        ("python3", vec![python, "legacy", "http", &url, &key]),
+        (
+            "python3",
+            vec![python, "auto", "stdio", toolhost, own, "acme"],
+        ),
+        (
+            "python3",
+            vec![python, "legacy", "stdio", toolhost, own, "acme"],
+        ),
+    ];
+    let mut expected: Vec<&str> = calls.iter().map(|c| c.0).collect();
+    expected.sort_unstable();
+    for (program, args) in runs {
+        let how = format!("{program} {}", args[1..3].join(" "));
+        let mut child = Command::new(program)
+            .args(&args)
+            .env("EXAMPLE_CALLS", &asked)
+            .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+            .env("TOOLHOST_JS_RUNTIME", crate::plugins::js_runtime_path())
+            .current_dir(client_dir())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{how}: {e}"));
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        next_step(&mut lines, "initialized").await;
+        let listed = next_step(&mut lines, "listed").await;
+        let mut names: Vec<&str> = listed["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        names.sort_unstable();
+        assert_eq!(names, expected, "{how}");
+        for (tool, _, pointer, answer) in &calls {
+            let example = next_step(&mut lines, "example").await;
+            assert_eq!(example["name"], *tool, "{how}");
+            assert_example_answer(&example["result"], tool, pointer, answer, &how);
+        }
+        next_step(&mut lines, "closed").await;
+        assert!(child.wait().await.unwrap().success(), "{how}");
+    }
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}

@@ -5,7 +5,8 @@
 //
 // Prints one JSON line per step; after "unknown" it waits for one tools/list_changed
 // notification (over stdio only with WAIT_FOR_CHANGE set; the test installs a tool
-// meanwhile) and prints "changed" with the new count.
+// meanwhile) and prints "changed" with the new count. With EXAMPLE_CALLS (a JSON list of
+// [name, arguments]) it makes those calls after "listed" instead, one "example" step each.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
@@ -53,6 +54,15 @@ async function listAll() {
 
 const { tools, pages } = await listAll();
 say("listed", { names: tools.map((t) => t.name), pages, first: tools[0] });
+
+if (process.env.EXAMPLE_CALLS) {
+  for (const [name, args] of JSON.parse(process.env.EXAMPLE_CALLS)) {
+    say("example", { name, result: await client.callTool({ name, arguments: args }) });
+  }
+  await client.close();
+  say("closed", {});
+  process.exit(0);
+}
 
 const ok = await client.callTool({ name: "text_stats", arguments: { text: "one two three" } });
 say("called", { result: ok });

@@ -9,7 +9,8 @@ MODE is the SDK's connect mode: `auto` (the newest protocol version both sides s
 waits for one change of the tool list (the test installs a tool meanwhile) and prints
 "changed" with the new count: through `subscriptions/listen` on 2026-07-28, through
 `notifications/tools/list_changed` before it. Over stdio it skips that step: only its own
-process could change the catalog."""
+process could change the catalog. With EXAMPLE_CALLS (a JSON list of [name, arguments]) it
+makes those calls after "listed" instead, one "example" step each."""
 import asyncio
 import json
 import os
@@ -48,6 +49,12 @@ async def main(mode, transport, *rest):
         say("initialized", protocol=version)
         listed = await client.list_tools()
         say("listed", names=[t.name for t in listed.tools])
+        if "EXAMPLE_CALLS" in os.environ:
+            for name, args in json.loads(os.environ["EXAMPLE_CALLS"]):
+                result = await client.call_tool(name, args)
+                say("example", name=name, result=result.model_dump(mode="json", by_alias=True, exclude_none=True))
+            say("closed")
+            return
         ok = await client.call_tool("text_stats", {"text": "one two three"})
         say("called", result=ok.model_dump(mode="json", by_alias=True, exclude_none=True))
         bad = await client.call_tool("text_stats", {"text": 42})

@@ -8,6 +8,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// The most messages one batch may hold: each runs at once.
@@ -48,6 +49,10 @@ where
         let message = format!("a batch holds 1 to {MAX_BATCH} messages");
         return refused(-32600, &message);
     }
+    if let Some(at) = messages.iter().position(|m| !is_message(m)) {
+        let message = format!("message {at} of the batch is not a JSON-RPC 2.0 message");
+        return refused(-32600, &message);
+    }
     if messages.iter().any(|m| m["method"] == "initialize") {
         return refused(-32600, "`initialize` may not be part of a batch");
     }
@@ -80,6 +85,37 @@ where
         HeaderValue::from_static("application/json"),
     );
     response
+}
+
+/// A request or notification (a `method`), or a response (an `id` with a `result` or an
+/// `error`), that rmcp reads as it would one sent alone.
+fn is_message(message: &Value) -> bool {
+    let id_is = |allowed_null: bool| match message.get("id") {
+        Some(Value::String(_) | Value::Number(_)) => true,
+        Some(Value::Null) => allowed_null,
+        _ => false,
+    };
+    let shaped = match (
+        message.get("method"),
+        message.get("result"),
+        message.get("error"),
+    ) {
+        (Some(Value::String(_)), None, None) => message.get("id").is_none() || id_is(false),
+        (None, Some(Value::Object(_)), None) => id_is(false),
+        (None, None, Some(error)) => {
+            id_is(true) && error["code"].is_i64() && error["message"].is_string()
+        }
+        _ => false,
+    };
+    const MEMBERS: [&str; 6] = ["jsonrpc", "id", "method", "params", "result", "error"];
+    let known = message
+        .as_object()
+        .is_some_and(|m| m.keys().all(|k| MEMBERS.contains(&k.as_str())));
+    message["jsonrpc"] == "2.0"
+        && known
+        && shaped
+        && message.get("params").is_none_or(Value::is_object)
+        && rmcp::model::ClientJsonRpcMessage::deserialize(message).is_ok()
 }
 
 /// The answer to one request of a batch (none for a notification or a response), read from

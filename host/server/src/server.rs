@@ -244,6 +244,9 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
             let body = if parts.method == axum::http::Method::POST {
                 match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
                     Ok(bytes) if batch::is_batch(&bytes) => {
+                        if open == Some(false) {
+                            return no_such_session().into_response();
+                        }
                         let service = &service;
                         let one =
                             |request| async move { service.handle(request).await.map(Body::new) };
@@ -333,14 +336,19 @@ fn refuse_before_rmcp(
             "bad_request",
             "DELETE /mcp ends the session named by the Mcp-Session-Id header",
         ),
-        Some(false) => ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "no such MCP session: it ended, expired, or is another tenant's",
-        ),
+        Some(false) => no_such_session(),
         Some(true) => return None,
     };
     Some(refusal.into_response())
+}
+
+/// 404, which tells an MCP client to start a new session.
+fn no_such_session() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such MCP session: it ended, expired, or is another tenant's",
+    )
 }
 
 /// A client that accepts anything (`*/*`, or no `Accept` at all) accepts the two types an MCP
