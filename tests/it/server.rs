@@ -331,6 +331,29 @@ async fn oversized_and_malformed_requests_get_the_error_shape() {
     )
     .await;
 
+    // What axum's own extractors and router refuse comes in the one shape too.
+    let message = expect_error(
+        &api,
+        "GET",
+        "/v1/export?format=openai&format=mcp",
+        "",
+        vec![],
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    )
+    .await;
+    assert!(message.contains("duplicate field `format`"), "{message}");
+    expect_error(
+        &api,
+        "PUT",
+        "/v1/tools",
+        "",
+        vec![],
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    )
+    .await;
+
     let wasm = "application/wasm";
     let too_big = vec![0u8; api.host.max_component_bytes() + 1];
     expect_error(
