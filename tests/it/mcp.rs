@@ -33,24 +33,27 @@ async fn next_step(lines: &mut Lines<BufReader<ChildStdout>>, step: &str) -> Val
     value
 }
 
-/// A host with `text_stats` installed for `acme`, served on a loopback port until `stop`
-/// is sent: an agent key of acme's and the MCP URL.
-struct Served {
-    host: Arc<Host>,
-    key: String,
-    url: String,
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
+/// A host served on a loopback port until `stop` is sent, with a key of `acme`'s and the MCP
+/// URL.
+pub(crate) struct Served {
+    pub(crate) host: Arc<Host>,
+    pub(crate) key: String,
+    pub(crate) url: String,
+    pub(crate) stop: tokio::sync::oneshot::Sender<()>,
+    pub(crate) server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// A host with `text_stats` installed for `acme`, served with an agent key.
 async fn served() -> Served {
     let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
-    host.create_tenant("acme").unwrap();
-    let key = host
-        .create_key("acme", toolhost::Role::Agent)
-        .unwrap()
-        .secret;
     host.install("acme", plugin("text_stats")).await.unwrap();
+    serve_for_acme(host, toolhost::Role::Agent).await
+}
+
+/// Serves `host` with a new key of `acme`'s in `role`.
+pub(crate) async fn serve_for_acme(host: Arc<Host>, role: toolhost::Role) -> Served {
+    host.create_tenant("acme").unwrap();
+    let key = host.create_key("acme", role).unwrap().secret;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -610,6 +613,14 @@ fn example_calls() -> Vec<(&'static str, Value, &'static str, Value)> {
     ]
 }
 
+/// The example tools of `acme`, served with an agent key; the data directory lives as long
+/// as the returned guard.
+async fn examples_served() -> (tempfile::TempDir, Served) {
+    let data = examples_installed().await;
+    let host = Arc::new(examples_host(data.path()));
+    (data, serve_for_acme(host, toolhost::Role::Agent).await)
+}
+
 /// A data directory where `acme` has the example tools, as `scripts/demo` installs them.
 async fn examples_installed() -> tempfile::TempDir {
     let data = tempfile::tempdir().unwrap();
@@ -629,6 +640,25 @@ fn examples_host(data: &std::path::Path) -> Host {
         ..crate::plugins::config()
     })
     .unwrap()
+}
+
+/// The example tools' names, sorted.
+fn example_names() -> Vec<&'static str> {
+    let mut names: Vec<&str> = example_calls().iter().map(|c| c.0).collect();
+    names.sort_unstable();
+    names
+}
+
+/// The names in a listing (of names, or of tools), sorted.
+fn sorted_names(listed: &Value) -> Vec<&str> {
+    let mut names: Vec<&str> = listed
+        .as_array()
+        .unwrap_or_else(|| panic!("not a listing: {listed}"))
+        .iter()
+        .map(|item| item.as_str().or(item["name"].as_str()).unwrap())
+        .collect();
+    names.sort_unstable();
+    names
 }
 
 /// Checks one `tools/call` result against what the example must answer.
@@ -675,26 +705,14 @@ async fn inspector(era: &str, target: &[&str], method: &[&str]) -> Value {
 /// lists the example tools and calls each of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_inspector_lists_and_calls_every_example_tool_in_every_era_on_both_transports() {
-    let data = examples_installed().await;
-    let host = Arc::new(examples_host(data.path()));
-    host.create_tenant("acme").unwrap();
-    let key = host
-        .create_key("acme", toolhost::Role::Agent)
-        .unwrap()
-        .secret;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(toolhost_server::server::serve(
-        host.clone(),
-        listener,
-        Default::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    let bearer = format!("Authorization: Bearer {key}");
-    let http = ["--server-url", url.as_str(), "--header", bearer.as_str()];
+    let (_data, served) = examples_served().await;
+    let bearer = format!("Authorization: Bearer {}", served.key);
+    let http = [
+        "--server-url",
+        served.url.as_str(),
+        "--header",
+        bearer.as_str(),
+    ];
     // `toolhost mcp` opens a data directory of its own.
     let own = examples_installed().await;
     let data_dir = own.path().to_str().unwrap().to_owned();
@@ -722,27 +740,18 @@ async fn mcp_inspector_lists_and_calls_every_example_tool_in_every_era_on_both_t
         "mcp",
     ];
     inspect_examples(&http, "Streamable HTTP").await;
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop.send(()).unwrap();
+    served.server.await.unwrap().unwrap();
     inspect_examples(&stdio, "stdio").await;
 }
 
 /// Inspector, in each era, lists the example tools on `target` and calls each of them.
 async fn inspect_examples(target: &[&str], transport: &str) {
     let calls = example_calls();
-    let mut expected: Vec<&str> = calls.iter().map(|c| c.0).collect();
-    expected.sort_unstable();
     for era in ["legacy", "auto", "modern"] {
         let how = format!("{era} over {transport}");
         let listed = inspector(era, target, &["--method", "tools/list"]).await;
-        let mut names: Vec<&str> = listed["tools"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{how}: {listed}"))
-            .iter()
-            .map(|t| t["name"].as_str().unwrap())
-            .collect();
-        names.sort_unstable();
-        assert_eq!(names, expected, "{how}");
+        assert_eq!(sorted_names(&listed["tools"]), example_names(), "{how}");
         for (tool, args, pointer, answer) in &calls {
             let args = args.to_string();
             let call = [
@@ -835,31 +844,14 @@ impl RawSession {
 /// schema has it; JSON-RPC batches are answered before 2025-06-18 and refused from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_transports() {
-    let data = examples_installed().await;
-    let host = Arc::new(examples_host(data.path()));
-    host.create_tenant("acme").unwrap();
-    let key = host
-        .create_key("acme", toolhost::Role::Agent)
-        .unwrap()
-        .secret;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(toolhost_server::server::serve(
-        host.clone(),
-        listener,
-        Default::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let (_data, served) = examples_served().await;
     let own = examples_installed().await;
     for version in ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"] {
         // The header came with 2025-06-18: clients of earlier versions do not send it.
         let header = if version >= "2025-06-18" { version } else { "" };
         let http = RawSession::Http {
-            url: url.clone(),
-            key: key.clone(),
+            url: served.url.clone(),
+            key: served.key.clone(),
             head: vec![("MCP-Protocol-Version", header.to_owned())],
         };
         let mut child = Command::new(env!("CARGO_BIN_EXE_toolhost"))
@@ -887,8 +879,8 @@ async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_trans
             if let RawSession::Http { head, .. } = &mut session {
                 let version_header = [("MCP-Protocol-Version", header)];
                 let answer = mcp_raw(
-                    &url,
-                    &key,
+                    &served.url,
+                    &served.key,
                     &version_header,
                     &initialize.to_string(),
                     "\u{0}",
@@ -921,15 +913,10 @@ async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_trans
                 .send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
                 .await
                 .unwrap();
-            let tools = listed["result"]["tools"]
-                .as_array()
-                .unwrap_or_else(|| panic!("{how}: {listed}"));
-            let mut names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-            names.sort_unstable();
+            let tools = &listed["result"]["tools"];
+            assert_eq!(sorted_names(tools), example_names(), "{how}: {listed}");
+            let tools = tools.as_array().unwrap();
             let calls = example_calls();
-            let mut expected: Vec<&str> = calls.iter().map(|c| c.0).collect();
-            expected.sort_unstable();
-            assert_eq!(names, expected, "{how}");
             assert!(
                 tools.iter().all(|t| t["inputSchema"]["type"] == "object"),
                 "{how}"
@@ -955,13 +942,13 @@ async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_trans
                 );
             }
             if let RawSession::Http { head, .. } = &session {
-                assert_batches(&url, &key, head, version, &how).await;
+                assert_batches(&served.url, &served.key, head, version, &how).await;
             }
             session.close().await;
         }
     }
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop.send(()).unwrap();
+    served.server.await.unwrap().unwrap();
 }
 
 /// A JSON-RPC batch: answered as one array in request order on versions that have batches
@@ -1002,24 +989,7 @@ async fn assert_batches(url: &str, key: &str, head: &[(&str, String)], version: 
 /// `legacy`), over Streamable HTTP and over stdio, list the example tools and call each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdks_call_every_example_tool_on_both_transports() {
-    let data = examples_installed().await;
-    let host = Arc::new(examples_host(data.path()));
-    host.create_tenant("acme").unwrap();
-    let key = host
-        .create_key("acme", toolhost::Role::Agent)
-        .unwrap()
-        .secret;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(toolhost_server::server::serve(
-        host.clone(),
-        listener,
-        Default::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let (_data, served) = examples_served().await;
     let own = examples_installed().await;
     let own = own.path().to_str().unwrap();
     let toolhost = env!("CARGO_BIN_EXE_toolhost");
@@ -1029,10 +999,16 @@ async fn the_official_sdks_call_every_example_tool_on_both_transports() {
     let python = client_dir().join("python_client.py");
     let python = python.to_str().unwrap();
     let runs: [(&str, Vec<&str>); 6] = [
-        ("node", vec!["client.mjs", "http", &url, &key]),
+        ("node", vec!["client.mjs", "http", &served.url, &served.key]),
         ("node", vec!["client.mjs", "stdio", toolhost, own, "acme"]),
-        ("python3", vec![python, "auto", "http", &url, &key]),
-        ("python3", vec![python, "legacy", "http", &url, &key]),
+        (
+            "python3",
+            vec![python, "auto", "http", &served.url, &served.key],
+        ),
+        (
+            "python3",
+            vec![python, "legacy", "http", &served.url, &served.key],
+        ),
         (
             "python3",
             vec![python, "auto", "stdio", toolhost, own, "acme"],
@@ -1042,8 +1018,6 @@ async fn the_official_sdks_call_every_example_tool_on_both_transports() {
             vec![python, "legacy", "stdio", toolhost, own, "acme"],
         ),
     ];
-    let mut expected: Vec<&str> = calls.iter().map(|c| c.0).collect();
-    expected.sort_unstable();
     for (program, args) in runs {
         let how = format!("{program} {}", args[1..3].join(" "));
         let mut child = Command::new(program)
@@ -1059,14 +1033,7 @@ async fn the_official_sdks_call_every_example_tool_on_both_transports() {
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         next_step(&mut lines, "initialized").await;
         let listed = next_step(&mut lines, "listed").await;
-        let mut names: Vec<&str> = listed["names"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|n| n.as_str().unwrap())
-            .collect();
-        names.sort_unstable();
-        assert_eq!(names, expected, "{how}");
+        assert_eq!(sorted_names(&listed["names"]), example_names(), "{how}");
         for (tool, _, pointer, answer) in &calls {
             let example = next_step(&mut lines, "example").await;
             assert_eq!(example["name"], *tool, "{how}");
@@ -1075,6 +1042,6 @@ async fn the_official_sdks_call_every_example_tool_on_both_transports() {
         next_step(&mut lines, "closed").await;
         assert!(child.wait().await.unwrap().success(), "{how}");
     }
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop.send(()).unwrap();
+    served.server.await.unwrap().unwrap();
 }

@@ -1400,25 +1400,11 @@ async fn every_operation_answers_as_the_openapi_document_says() {
         })
         .unwrap(),
     );
-    host.create_tenant("acme").unwrap();
-    let key = host
-        .create_key("acme", toolhost::Role::Admin)
-        .unwrap()
-        .secret;
     for name in ["text_stats", "unit_convert"] {
         host.install("acme", plugin(name)).await.unwrap();
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(toolhost_server::server::serve(
-        host,
-        listener,
-        Default::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let served = crate::mcp::serve_for_acme(host, toolhost::Role::Admin).await;
+    let base = served.url.trim_end_matches("/mcp");
     let root = crate::plugins::root();
     let run = tokio::process::Command::new("python3")
         .args([
@@ -1427,8 +1413,8 @@ async fn every_operation_answers_as_the_openapi_document_says() {
         ])
         .arg("--config-file")
         .arg(root.join("tests/openapi/schemathesis.toml"))
-        .args(["--no-color", "run", &format!("http://{addr}/openapi.json")])
-        .args(["--header", &format!("Authorization: Bearer {key}")])
+        .args(["--no-color", "run", &format!("{base}/openapi.json")])
+        .args(["--header", &format!("Authorization: Bearer {}", served.key)])
         .args(["--seed", "20261201"])
         .current_dir(data.path())
         .kill_on_drop(true)
@@ -1444,6 +1430,6 @@ async fn every_operation_answers_as_the_openapi_document_says() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(report.contains(" passed"), "it ran: {report}");
-    stop.send(()).unwrap();
-    server.await.unwrap().unwrap();
+    served.stop.send(()).unwrap();
+    served.server.await.unwrap().unwrap();
 }
