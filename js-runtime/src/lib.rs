@@ -11,7 +11,7 @@ mod bindings {
     #![allow(clippy::too_many_arguments)] // generated code
     wit_bindgen::generate!({
         path: "../wit",
-        world: "toolhost:plugin/js-runtime@0.1.0",
+        world: "toolhost:plugin/js-runtime@0.2.0",
     });
 }
 

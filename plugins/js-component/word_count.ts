@@ -20,6 +20,20 @@ const wordCount = defineTool<Args, Counted>({
     required: ["text"],
     properties: { text: { type: "string", description: "The text to count." } },
   },
+  outputSchema: {
+    type: "object",
+    required: ["words", "distinct", "most_frequent"],
+    properties: {
+      words: { type: "integer" },
+      distinct: { type: "integer" },
+      most_frequent: {
+        anyOf: [
+          { type: "object", required: ["word", "count"], properties: { word: { type: "string" }, count: { type: "integer" } } },
+          { type: "null" },
+        ],
+      },
+    },
+  },
   handler({ text }: Args, ctx: Context): Counted {
     if (text.length > 100_000) throw new ToolError("text is longer than 100 000 characters", { invalidArgs: true });
     // This engine has no Unicode property escapes (\p{L}): letters are spelled out.

@@ -412,6 +412,50 @@ async fn bad_components_get_clear_errors() {
     assert!(host.list("acme").iter().all(|t| t.spec.name != "garbage"));
 }
 
+/// A component built against `toolhost:plugin@0.1.0` (bare wit-bindgen, before output
+/// schemas) installs and runs beside current ones: its log, its KV and its nested call are
+/// served by the same host code.
+#[tokio::test]
+async fn a_component_built_against_plugin_0_1_0_keeps_working() {
+    let host = host_with(&["text_stats", "legacy_v0_1"]).await;
+    let spec = host.describe("acme", "legacy_echo").unwrap().spec;
+    assert_eq!(
+        (spec.group.as_deref(), spec.limits.timeout_ms),
+        (Some("legacy"), 5_000)
+    );
+    assert_eq!(spec.output_schema, None);
+    for calls in 1..=2 {
+        let out = call(&host, "legacy_echo", json!({"text": "one two three"})).await;
+        let lines = &out.log.lines;
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines[0].message, "acme called legacy_echo");
+        let answer = out.result.unwrap();
+        assert_eq!(answer["args"]["text"], "one two three");
+        assert_eq!(answer["calls"], calls, "its KV persists");
+        assert_eq!(answer["stats"]["words"], 3, "its nested call ran");
+    }
+}
+
+/// A component's `output-schema` (0.2.0) is the tool's `output_schema`, and a result that
+/// does not meet it is `invalid_output`.
+#[tokio::test]
+async fn a_components_output_schema_holds_for_every_result() {
+    let host = host_with(&["text_stats", "probe"]).await;
+    let stats = host.describe("acme", "text_stats").unwrap().spec;
+    let declared = stats.output_schema.expect("text_stats declares its output");
+    assert_eq!(declared["properties"]["words"]["type"], "integer");
+    assert!(
+        call(&host, "text_stats", json!({"text": "a b"}))
+            .await
+            .result
+            .is_ok()
+    );
+    let shaped = call(&host, "shaped", json!({"key": "7"})).await;
+    assert_eq!(shaped.result.unwrap(), json!({"n": 7}));
+    let wrong = call(&host, "shaped", json!({"key": "seven"})).await;
+    assert_eq!(error(&wrong).code(), "invalid_output");
+}
+
 #[tokio::test]
 async fn one_invalid_tool_refuses_the_whole_component() {
     let host = Host::open(crate::plugins::config()).unwrap();
@@ -654,21 +698,9 @@ fn assert_openai_strict(schema: &Value, at: &str) {
     }
 }
 
-/// Arguments as a strict-mode model sends them: every property present, the ones it leaves
-/// out as `null`.
-fn as_a_strict_model_sends(schema: &Value, given: &Value) -> Value {
-    let mut args = given.as_object().unwrap().clone();
-    for name in schema["properties"].as_object().unwrap().keys() {
-        args.entry(name.clone()).or_insert(Value::Null);
-    }
-    Value::Object(args)
-}
-
-/// Every example tool exports a schema within OpenAI's strict subset, and a call made as a
-/// strict-mode model makes it (every optional argument `null`) validates against that schema
-/// and succeeds, with the tool seeing the nulls as arguments left out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_example_tool_round_trips_through_openai_strict_mode() {
+/// A host with every example tool of every kind for `acme`: the Rust components, the JS
+/// component and the stored JS tool.
+async fn every_example_installed() -> Host {
     let host = Host::open(HostConfig {
         js_runtime: Some(crate::plugins::js_runtime()),
         ..crate::plugins::config()
@@ -684,6 +716,70 @@ async fn every_example_tool_round_trips_through_openai_strict_mode() {
         std::fs::read_to_string(crate::plugins::root().join("plugins/js-source/word_count.js"))
             .unwrap();
     host.install_js("acme", &source).await.unwrap();
+    host
+}
+
+/// The Anthropic export of every example tool (all strict) is exactly what the official
+/// Anthropic SDK would send for that schema: its own `transform_schema` leaves each one as it
+/// is, so nothing in it is outside the subset the SDK knows. A non-strict tool's root
+/// combinators go to its description, which the Messages API refuses at the top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_tools_anthropic_export_is_what_the_official_sdk_sends() {
+    let host = every_example_installed().await;
+    let loose = r#"export const spec = { name: "js_either", description: "Takes a or b.",
+        parameters: { type: "object", properties: { a: { type: "string", minLength: 2 },
+            b: { type: "integer", minimum: 1 } }, anyOf: [{ required: ["a"] }, { required: ["b"] }] } };
+    export default function (args) { return args; }"#;
+    host.install_js("acme", loose).await.unwrap();
+    let exported = host.export("acme", toolhost::export::Format::Anthropic);
+    let (strict, not): (Vec<&Value>, Vec<&Value>) =
+        exported.iter().partition(|tool| tool["strict"] == true);
+    assert_eq!(strict.len(), 7, "every example tool is strict");
+    assert_eq!(not.len(), 1);
+    let schemas: Vec<&Value> = strict.iter().map(|tool| &tool["input_schema"]).collect();
+    let mut sdk = Command::new("python3")
+        .arg(crate::plugins::root().join("tests/export/anthropic_transform.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/test installs tests/export/requirements.txt)");
+    serde_json::to_writer(sdk.stdin.take().unwrap(), &schemas).unwrap();
+    let out = sdk.wait_with_output().unwrap();
+    assert!(out.status.success(), "the Anthropic SDK failed");
+    let transformed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    for (tool, by_sdk) in strict.iter().zip(&transformed) {
+        assert_eq!(&tool["input_schema"], by_sdk, "{}", tool["name"]);
+    }
+    let either = not[0];
+    assert!(either.get("strict").is_none());
+    let schema = &either["input_schema"];
+    assert!(schema.get("anyOf").is_none(), "{schema}");
+    assert!(schema["description"].as_str().unwrap().contains("anyOf"));
+    assert_eq!(
+        schema["properties"]["a"]["minLength"], 2,
+        "the rest as it was"
+    );
+    // The host still holds every call to the whole schema.
+    let neither = call(&host, "js_either", json!({})).await;
+    assert_eq!(error(&neither).code(), "invalid_args");
+}
+
+/// Arguments as a strict-mode model sends them: every property present, the ones it leaves
+/// out as `null`.
+fn as_a_strict_model_sends(schema: &Value, given: &Value) -> Value {
+    let mut args = given.as_object().unwrap().clone();
+    for name in schema["properties"].as_object().unwrap().keys() {
+        args.entry(name.clone()).or_insert(Value::Null);
+    }
+    Value::Object(args)
+}
+
+/// Every example tool exports a schema within OpenAI's strict subset, and a call made as a
+/// strict-mode model makes it (every optional argument `null`) validates against that schema
+/// and succeeds, with the tool seeing the nulls as arguments left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_tool_round_trips_through_openai_strict_mode() {
+    let host = every_example_installed().await;
     // What each example is asked, with its optional arguments left out.
     let text = "The cat and the hat. The end.";
     let asked = [

@@ -255,6 +255,13 @@ async fn a_component_built_by_the_js_sdk_installs_runs_and_restarts_from_its_art
         let specs = host.install("acme", component).await.unwrap();
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["js_component_word_count", "js_component_fail"]);
+        // `outputSchema` in the SDK is the tool's `output_schema`; every answer is checked.
+        let output = specs[0]
+            .output_schema
+            .as_ref()
+            .expect("it declares its output");
+        assert_eq!(output["required"][0], "words");
+        assert_eq!(specs[1].output_schema, None);
         assert_counts_the_cat_and_the_hat(&host, "js_component_word_count").await;
         let out = call(&host, "js_component_fail", json!({"why": "testing"})).await;
         let Err(CallError::Tool(ToolError::Failed(message))) = &out.result else {

@@ -921,13 +921,16 @@ async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_trans
                 tools.iter().all(|t| t["inputSchema"]["type"] == "object"),
                 "{how}"
             );
-            // `js_word_count` declares its output; clients before 2025-06-18 do not see it.
-            let js = tools.iter().find(|t| t["name"] == "js_word_count").unwrap();
-            assert_eq!(
-                js.get("outputSchema").is_some(),
-                version >= "2025-06-18",
-                "{how}: {js}"
-            );
+            // These declare their output (a stored JS tool and a component); clients before
+            // 2025-06-18 do not see it.
+            for name in ["js_word_count", "text_stats"] {
+                let tool = tools.iter().find(|t| t["name"] == name).unwrap();
+                assert_eq!(
+                    tool.get("outputSchema").is_some(),
+                    version >= "2025-06-18",
+                    "{how}: {tool}"
+                );
+            }
             for (n, (tool, args, pointer, answer)) in calls.iter().enumerate() {
                 let call = json!({"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call",
                     "params": {"name": tool, "arguments": args}});

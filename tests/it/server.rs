@@ -640,8 +640,10 @@ async fn export_follows_each_formats_rules_and_hides_private_tools() {
     let (_, anthropic) = get(&api, "/v1/export?format=anthropic", &api.acme).await;
     let tool = &anthropic["tools"][0];
     let keys: Vec<&String> = tool.as_object().unwrap().keys().collect();
-    assert_eq!(keys, ["name", "description", "input_schema"]);
+    assert_eq!(keys, ["name", "description", "input_schema", "strict"]);
+    assert_eq!(tool["strict"], true, "unit_convert is strict");
     assert_eq!(tool["input_schema"]["type"], "object");
+    assert_eq!(tool["input_schema"]["additionalProperties"], false);
 
     let (_, mcp) = get(&api, "/v1/export?format=mcp", &api.acme).await;
     assert_eq!(mcp["tools"][0]["inputSchema"]["type"], "object");

@@ -45,6 +45,12 @@ export interface ToolDefinition<Args = any, Result = unknown> {
   idempotent?: boolean;
   /** Runs again after a timeout, up to this many times (0 to 5); needs `idempotent`. */
   retryCountOnStall?: number;
+  /**
+   * What every result is: a JSON Schema (or a zod 3 object schema) with `type: "object"` at the
+   * top. The host checks each result against it (a mismatch is `invalid_output`); MCP clients
+   * get it as `outputSchema` and the result as `structuredContent`.
+   */
+  outputSchema?: JsonSchema | { _def: unknown };
 }
 
 export declare function defineTool<Args = any, Result = unknown>(

@@ -1,7 +1,7 @@
 // The toolhost JavaScript SDK: define tools, export them as the `toolhost:plugin` world.
 // This module runs inside the component; `toolhost-js build` bundles it with your tool.
-import * as helpers from "toolhost:plugin/helpers@0.1.0";
-import * as tools from "toolhost:plugin/tools@0.1.0";
+import * as helpers from "toolhost:plugin/helpers@0.2.0";
+import * as tools from "toolhost:plugin/tools@0.2.0";
 
 import { toJsonSchema } from "./schema.js";
 
@@ -24,7 +24,8 @@ export function defineTool(def) {
   if (typeof def.description !== "string") throw new TypeError(`${def.name}: description must be a string`);
   if (typeof def.handler !== "function") throw new TypeError(`${def.name}: handler must be a function`);
   const parameters = toJsonSchema(def.parameters ?? { type: "object" });
-  return { ...def, parameters };
+  const outputSchema = def.outputSchema === undefined ? undefined : toJsonSchema(def.outputSchema);
+  return { ...def, parameters, outputSchema };
 }
 
 const bigint = (value) => (value === undefined ? undefined : BigInt(value));
@@ -49,6 +50,7 @@ function toolDef(def) {
     needsApproval: def.needsApproval ?? false,
     idempotent: def.idempotent ?? false,
     retryCountOnStall: def.retryCountOnStall ?? 0,
+    outputSchema: def.outputSchema === undefined ? undefined : JSON.stringify(def.outputSchema),
   };
 }
 

@@ -26,7 +26,7 @@
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../../wit",
-        world: "toolhost:plugin/plugin@0.1.0",
+        world: "toolhost:plugin/plugin@0.2.0",
         pub_export_macro: true,
         export_macro_name: "__export_plugin",
         default_bindings_module: "toolhost_sdk::bindings",
@@ -78,9 +78,13 @@ pub struct Tool {
     /// Everything but the schema, which only `list-tools` needs: deriving it on every call
     /// would cost more than most tools' own work.
     def: types::ToolDef,
-    parameters: Box<dyn Fn() -> Value>,
+    parameters: Schema,
+    output_schema: Option<Schema>,
     run: Run,
 }
+
+/// A schema, derived only when `list-tools` asks for it.
+type Schema = Box<dyn Fn() -> Value>;
 
 impl Tool {
     /// A tool whose arguments are `A` (schema derived from it) and whose result is `R`.
@@ -115,7 +119,7 @@ impl Tool {
         )
     }
 
-    fn build(name: &str, description: &str, parameters: Box<dyn Fn() -> Value>, run: Run) -> Self {
+    fn build(name: &str, description: &str, parameters: Schema, run: Run) -> Self {
         let def = types::ToolDef {
             name: name.to_owned(),
             description: description.to_owned(),
@@ -134,10 +138,12 @@ impl Tool {
             needs_approval: false,
             idempotent: false,
             retry_count_on_stall: 0,
+            output_schema: None,
         };
         Tool {
             def,
             parameters,
+            output_schema: None,
             run,
         }
     }
@@ -145,6 +151,21 @@ impl Tool {
     /// Reject arguments with properties the schema does not declare.
     pub fn strict(mut self) -> Self {
         self.def.strict = true;
+        self
+    }
+
+    /// Declares that every result is an `R` (a struct: the schema must be an object). The host
+    /// checks each result against `R`'s schema (a mismatch is `invalid_output`), and MCP
+    /// clients get it as `outputSchema` with the result as `structuredContent`.
+    pub fn output_schema<R: JsonSchema>(mut self) -> Self {
+        let schema: fn() -> Value = schema_of::<R>;
+        self.output_schema = Some(Box::new(schema));
+        self
+    }
+
+    /// [`Tool::output_schema`] with a hand-written JSON Schema.
+    pub fn raw_output_schema(mut self, schema: Value) -> Self {
+        self.output_schema = Some(Box::new(move || schema.clone()));
         self
     }
 
@@ -299,6 +320,7 @@ pub mod __private {
             .into_iter()
             .map(|tool| types::ToolDef {
                 parameters: (tool.parameters)().to_string(),
+                output_schema: tool.output_schema.map(|schema| schema().to_string()),
                 ..tool.def
             })
             .collect()

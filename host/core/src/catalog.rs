@@ -523,8 +523,15 @@ fn tenant_tool(entry: &ToolEntry) -> Result<TenantTool, SpecError> {
 }
 
 fn spec_from_guest(def: GuestToolDef) -> Result<ToolSpec, SpecError> {
-    let parameters = serde_json::from_str(&def.parameters)
-        .map_err(|e| SpecError::new(&def.name, "parameters", format!("not JSON: {e}")))?;
+    let json = |field: &str, text: &str| {
+        serde_json::from_str(text)
+            .map_err(|e| SpecError::new(&def.name, field, format!("not JSON: {e}")))
+    };
+    let parameters = json("parameters", &def.parameters)?;
+    let output_schema = match &def.output_schema {
+        Some(text) => Some(json("output_schema", text)?),
+        None => None,
+    };
     let defaults = Limits::default();
     Ok(ToolSpec {
         name: def.name,
@@ -550,8 +557,7 @@ fn spec_from_guest(def: GuestToolDef) -> Result<ToolSpec, SpecError> {
         needs_approval: def.needs_approval,
         idempotent: def.idempotent,
         retry_count_on_stall: def.retry_count_on_stall,
-        // `tool-def` of toolhost:plugin@0.1.0 has no output schema.
-        output_schema: None,
+        output_schema,
     })
 }
 

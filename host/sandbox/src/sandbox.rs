@@ -36,11 +36,14 @@ use toolhost_spec::digest::hex;
 use toolhost_spec::policy::NetworkRule;
 use toolhost_spec::spec::{Limits, MEMORY_BYTES};
 
+mod v0_1;
+
+/// The current `toolhost:plugin`, which the SDKs build against.
 mod bindings {
     #![allow(missing_docs)]
     wasmtime::component::bindgen!({
         path: "../../wit",
-        world: "toolhost:plugin/plugin@0.1.0",
+        world: "toolhost:plugin/plugin@0.2.0",
         exports: { default: async },
     });
 }
@@ -50,7 +53,7 @@ mod js_bindings {
     #![allow(missing_docs)]
     wasmtime::component::bindgen!({
         path: "../../wit",
-        world: "toolhost:plugin/js-runtime@0.1.0",
+        world: "toolhost:plugin/js-runtime@0.2.0",
         exports: { default: async },
         with: {
             "toolhost:plugin/types": super::bindings::toolhost::plugin::types,
@@ -60,7 +63,6 @@ mod js_bindings {
     });
 }
 
-use bindings::PluginPre;
 pub use bindings::toolhost::plugin::types::{ToolDef as GuestToolDef, ToolError as GuestToolError};
 use js_bindings::JsRuntimePre;
 
@@ -126,7 +128,7 @@ pub enum LoadError {
     #[error("the component does not compile: {0}")]
     Compile(String),
     /// An import this host does not provide, or exports that do not match the WIT world.
-    #[error("the component does not fit toolhost:plugin@0.1.0: {0}")]
+    #[error("the component does not fit toolhost:plugin@0.2.0 (nor 0.1.0): {0}")]
     Link(String),
 }
 
@@ -232,9 +234,16 @@ impl<T> Run<T> {
 #[derive(Clone)]
 pub struct Prepared {
     /// Set for a tool component (the `plugin` world).
-    plugin: Option<PluginPre<CallState>>,
+    plugin: Option<PluginPre>,
     /// Set for the JavaScript runtime (the `js-runtime` world).
     js: Option<JsRuntimePre<CallState>>,
+}
+
+/// A tool component, of the `toolhost:plugin` version it was built against.
+#[derive(Clone)]
+enum PluginPre {
+    Current(bindings::PluginPre<CallState>),
+    V0_1(v0_1::PluginPre<CallState>),
 }
 
 /// What one call runs, with its arguments (JSON text): a tool of a component, or JS source
@@ -281,12 +290,15 @@ impl Sandbox {
         use bindings::toolhost::plugin::{helpers, types};
         types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)?;
         helpers::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |state| state)?;
+        v0_1::add_to_linker(&mut linker)?;
         // By hand, for the store: the callee's fuel is charged to the caller.
-        linker
-            .instance("toolhost:plugin/tools@0.1.0")?
-            .func_wrap_async("call-tool", |store, (tool, args): (String, String)| {
-                Box::new(call_tool(store, tool, args))
-            })?;
+        for tools in ["toolhost:plugin/tools@0.2.0", "toolhost:plugin/tools@0.1.0"] {
+            linker
+                .instance(tools)?
+                .func_wrap_async("call-tool", |store, (tool, args): (String, String)| {
+                    Box::new(call_tool(store, tool, args))
+                })?;
+        }
         let fingerprint = fingerprint(&engine);
         // A turn outlives two ticks without its holder's: it is not using the CPU.
         let turns = Turns::new(config.cpu_turns, 2 * config.epoch_tick);
@@ -358,10 +370,14 @@ impl Sandbox {
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link(format!("{e:#}")))?;
         let js = JsRuntimePre::new(pre.clone()).ok();
-        let plugin = match PluginPre::new(pre) {
-            Ok(plugin) => Some(plugin),
-            Err(_) if js.is_some() => None,
-            Err(e) => return Err(LoadError::Link(format!("{e:#}"))),
+        let plugin = match bindings::PluginPre::new(pre.clone()) {
+            Ok(plugin) => Some(PluginPre::Current(plugin)),
+            Err(current) => match v0_1::PluginPre::new(pre) {
+                Ok(plugin) => Some(PluginPre::V0_1(plugin)),
+                Err(_) if js.is_some() => None,
+                // The current version's complaint: what a new component should fix.
+                Err(_) => return Err(LoadError::Link(format!("{current:#}"))),
+            },
         };
         Ok(Prepared { plugin, js })
     }
@@ -374,8 +390,17 @@ impl Sandbox {
         let nothing = Permissions::default();
         self.run(INSTALLS, limits, Helpers::default(), &nothing, |store| {
             Box::pin(async move {
-                let plugin = pre.instantiate_async(&mut *store).await?;
-                plugin.call_list_tools(store).await
+                match pre {
+                    PluginPre::Current(pre) => {
+                        let plugin = pre.instantiate_async(&mut *store).await?;
+                        plugin.call_list_tools(store).await
+                    }
+                    PluginPre::V0_1(pre) => {
+                        let plugin = pre.instantiate_async(&mut *store).await?;
+                        let defs = plugin.call_list_tools(store).await?;
+                        Ok(defs.into_iter().map(Into::into).collect())
+                    }
+                }
             })
         })
         .await
@@ -428,8 +453,18 @@ impl Sandbox {
                 };
                 self.run(tenant, limits, helpers, permissions, move |store| {
                     Box::pin(async move {
-                        let plugin = pre.instantiate_async(&mut *store).await?;
-                        plugin.call_call(store, &tool, &args, &guest_ctx).await
+                        match pre {
+                            PluginPre::Current(pre) => {
+                                let plugin = pre.instantiate_async(&mut *store).await?;
+                                plugin.call_call(store, &tool, &args, &guest_ctx).await
+                            }
+                            PluginPre::V0_1(pre) => {
+                                let plugin = pre.instantiate_async(&mut *store).await?;
+                                let ctx = (&guest_ctx).into();
+                                let result = plugin.call_call(store, &tool, &args, &ctx).await?;
+                                Ok(result.map_err(Into::into))
+                            }
+                        }
                     })
                 })
                 .await

@@ -4,6 +4,7 @@ use std::str::FromStr;
 
 use serde_json::{Value, json};
 
+use crate::anthropic;
 use crate::spec::ToolSpec;
 use crate::strict::openai_strict;
 
@@ -51,11 +52,17 @@ pub fn tool(spec: &ToolSpec, format: Format) -> Value {
                 "strict": spec.strict,
             }})
         }
-        Format::Anthropic => json!({
-            "name": spec.name,
-            "description": spec.description,
-            "input_schema": spec.parameters,
-        }),
+        Format::Anthropic => {
+            let mut tool = json!({
+                "name": spec.name,
+                "description": spec.description,
+                "input_schema": anthropic::input_schema(&spec.parameters, spec.strict),
+            });
+            if spec.strict {
+                tool["strict"] = Value::Bool(true);
+            }
+            tool
+        }
         Format::Mcp => {
             let mut tool = json!({
                 "name": spec.name,

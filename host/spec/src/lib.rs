@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod access;
+pub mod anthropic;
 pub mod call;
 pub mod clip;
 pub mod digest;

@@ -61,7 +61,7 @@ pub const STRICT_FORMATS: &[&str] = &[
 /// JSON Schema's other formats: they constrain a value (where a validator asserts them) and
 /// strict mode cannot express them, so they are refused. Formats outside JSON Schema are
 /// annotations and are dropped.
-const OTHER_JSON_SCHEMA_FORMATS: &[&str] = &[
+pub(crate) const OTHER_JSON_SCHEMA_FORMATS: &[&str] = &[
     "idn-email",
     "idn-hostname",
     "uri",

@@ -22,6 +22,14 @@ fn echo(args: Key, _: &Context) -> Result<String, ToolError> {
     Ok(args.key)
 }
 
+/// Answers `{"n": key}`, which its declared output (an integer `n`) holds only for a number.
+fn shaped(args: Key, _: &Context) -> Result<Value, ToolError> {
+    Ok(match args.key.parse::<i64>() {
+        Ok(n) => json!({ "n": n }),
+        Err(_) => json!({ "n": args.key }),
+    })
+}
+
 /// Increments a counter kept in KV and returns its new value.
 fn count(args: Key, _: &Context) -> Result<u64, ToolError> {
     let current = kv::get(&args.key)
@@ -256,6 +264,11 @@ fn hold_memory(args: HoldMemory, _: &Context) -> Result<usize, ToolError> {
 
 export_tools!(
     Tool::new("count", "Increments a counter.", count),
+    Tool::new("shaped", "Answers {n: key}.", shaped).raw_output_schema(json!({
+        "type": "object",
+        "required": ["n"],
+        "properties": { "n": { "type": "integer" } }
+    })),
     Tool::new(
         "hold_memory",
         "Fills and holds memory for a while.",

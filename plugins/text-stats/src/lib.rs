@@ -11,7 +11,8 @@ struct StatsArgs {
     text: String,
 }
 
-#[derive(Serialize)]
+/// What `text_stats` returns: its output schema.
+#[derive(Serialize, JsonSchema)]
 struct Stats {
     chars: usize,
     bytes: usize,
@@ -81,6 +82,7 @@ export_tools!(
         "Counts characters, bytes, words, lines and sentences in a text, and the average word length.",
         text_stats,
     )
+    .output_schema::<Stats>()
     .group("text")
     .strict(),
     Tool::new(
