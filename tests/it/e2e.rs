@@ -412,6 +412,24 @@ async fn bad_components_get_clear_errors() {
     assert!(host.list("acme").iter().all(|t| t.spec.name != "garbage"));
 }
 
+/// Every call starts from a clean instance, however its pooled slot was recycled: memset of
+/// the pages the last call dirtied (small calls), or madvise (large ones). Calls alternate
+/// between the two, and none sees a count or a byte an earlier call left.
+#[tokio::test]
+async fn a_recycled_instance_shows_nothing_of_earlier_calls() {
+    let host = host_with(&["probe"]).await;
+    for round in 0..24 {
+        let kib = if round % 2 == 0 { 16 } else { 4096 };
+        let out = call(&host, "residue", json!({ "kib": kib })).await;
+        let left = out.result.unwrap();
+        assert_eq!(
+            left,
+            json!({"earlier_calls": 0, "dirty_bytes": 0}),
+            "round {round}"
+        );
+    }
+}
+
 /// A component built against `toolhost:plugin@0.1.0` (bare wit-bindgen, before output
 /// schemas) installs and runs beside current ones: its log, its KV and its nested call are
 /// served by the same host code.

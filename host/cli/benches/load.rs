@@ -11,6 +11,8 @@
 //! B's p99 is within issue 13's bound (twice the quiet p99, at least 50 ms), what A got, and
 //! the server's RSS and open descriptors at the phase's end.
 
+#[path = "support/client.rs"]
+mod client;
 #[path = "../../../tests/it/plugins.rs"]
 #[allow(dead_code)] // not every user of the helpers needs all of them
 mod plugins;
@@ -28,9 +30,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::watch;
+
+use client::{connect, initialize, post};
 
 /// How long B is measured in each phase.
 const PHASE: Duration = Duration::from_secs(6);
@@ -472,62 +475,6 @@ async fn measure_mcp(addr: SocketAddr, key: &str) -> Latency {
         failed += usize::from(!ok);
     }
     latency(samples, failed)
-}
-
-fn initialize() -> String {
-    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "load-bench", "version": "1"}}})
-    .to_string()
-}
-
-async fn connect(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.set_nodelay(true).unwrap();
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    sender
-}
-
-/// One POST on a kept-alive connection: status, headers and body (an MCP answer's SSE
-/// framing left in).
-async fn post(
-    conn: &mut SendRequest<Full<Bytes>>,
-    path: &str,
-    key: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, hyper::HeaderMap, String) {
-    let mut request = hyper::Request::post(path)
-        .header("host", "127.0.0.1")
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream");
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let request = request
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .unwrap();
-    if conn.ready().await.is_err() {
-        return (0, Default::default(), String::new());
-    }
-    let Ok(response) = conn.send_request(request).await else {
-        return (0, Default::default(), String::new());
-    };
-    let (parts, body) = response.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    (
-        parts.status.as_u16(),
-        parts.headers,
-        String::from_utf8_lossy(&body).into_owned(),
-    )
 }
 
 /// A tenant's key, a tool, and how to make its arguments.

@@ -6,7 +6,8 @@
 //! - `native Host::call`: the same tool logic as a native Rust tool, through the same pipeline.
 //!
 //! Then the cost of a first call: compiling a component, versus loading its stored artifact
-//! after a restart; and calls per second on one and on two worker threads.
+//! after a restart; and calls per second on one and on two worker threads, through
+//! `Host::call` and through the sandbox alone.
 
 #[path = "../../../tests/it/plugins.rs"]
 #[allow(dead_code)] // not every user of the helpers needs all of them
@@ -15,7 +16,7 @@ mod plugins;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use toolhost::sandbox::{Entry, Sandbox};
+use toolhost::sandbox::{Entry, Prepared, Sandbox};
 use toolhost::{CallContext, Caller, Helpers, Host, HostConfig, Limits, SandboxConfig, ToolSpec};
 
 const WARMUP: usize = 2_000;
@@ -80,37 +81,48 @@ fn main() {
     let wasm = plugins::plugin("text_stats");
     let args = json!({"text": "The quick brown fox jumps over the lazy dog. Twice!"});
     println!("\ncalls/s, {THROUGHPUT_CALLS} calls back to back per worker thread (one task each)");
-    let one = throughput(&wasm, &args, 1);
-    println!("{:<28} {one:>9.0}", "1 thread");
-    let two = throughput(&wasm, &args, 2);
-    println!("{:<28} {two:>9.0}   {:.2}x", "2 threads", two / one);
+    println!(
+        "{:<28} {:>9} {:>9} {:>7}",
+        "", "1 thread", "2 threads", "2 / 1"
+    );
+    for (name, sandbox_only) in [("wasm   Host::call", false), ("wasm   sandbox only", true)] {
+        let one = throughput(&wasm, &args, 1, sandbox_only);
+        let two = throughput(&wasm, &args, 2, sandbox_only);
+        println!("{name:<28} {one:>9.0} {two:>9.0} {:>6.2}x", two / one);
+    }
 }
 
 const THROUGHPUT_CALLS: usize = 20_000;
 
 /// Calls per second of `text_stats` with `workers` tokio worker threads, each running a task
-/// that calls back to back: how the host scales with cores.
-fn throughput(wasm: &[u8], args: &Value, workers: usize) -> f64 {
+/// that calls back to back: how the host scales with cores. `sandbox_only`: instantiate, call
+/// and drop without the host's pipeline, to tell the pipeline's share from wasmtime's.
+fn throughput(wasm: &[u8], args: &Value, workers: usize, sandbox_only: bool) -> f64 {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let host = std::sync::Arc::new(Host::open(HostConfig::default()).unwrap());
+        let host = Host::open(HostConfig::default()).unwrap();
         host.install("bench", wasm.to_vec()).await.unwrap();
-        let caller = Caller::tenant("bench");
+        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let caller = Throughput {
+            host: std::sync::Arc::new(host),
+            sandbox: std::sync::Arc::new(sandbox.prepare(wasm).map(|p| (sandbox, p)).unwrap()),
+            args: args.clone(),
+            sandbox_only,
+        };
         for _ in 0..WARMUP {
-            host.call(&caller, "text_stats", args.clone()).await;
+            caller.call().await;
         }
         let start = Instant::now();
         let tasks: Vec<_> = (0..workers)
             .map(|_| {
-                let (host, caller, args) = (host.clone(), caller.clone(), args.clone());
+                let caller = caller.clone();
                 tokio::spawn(async move {
                     for _ in 0..THROUGHPUT_CALLS {
-                        let out = host.call(&caller, "text_stats", args.clone()).await;
-                        assert!(out.result.is_ok());
+                        caller.call().await;
                     }
                 })
             })
@@ -120,6 +132,50 @@ fn throughput(wasm: &[u8], args: &Value, workers: usize) -> f64 {
         }
         (workers * THROUGHPUT_CALLS) as f64 / start.elapsed().as_secs_f64()
     })
+}
+
+/// One throughput call, through the host or the sandbox alone.
+#[derive(Clone)]
+struct Throughput {
+    host: std::sync::Arc<Host>,
+    sandbox: std::sync::Arc<(Sandbox, Prepared)>,
+    args: Value,
+    sandbox_only: bool,
+}
+
+impl Throughput {
+    async fn call(&self) {
+        if !self.sandbox_only {
+            let caller = Caller::tenant("bench");
+            let out = self
+                .host
+                .call(&caller, "text_stats", self.args.clone())
+                .await;
+            assert!(out.result.is_ok());
+            return;
+        }
+        let ctx = CallContext {
+            tenant: "bench".into(),
+            call_id: "1".into(),
+            tool: "text_stats".into(),
+            data: Value::Null,
+        };
+        let args = self.args.to_string();
+        let (sandbox, prepared) = &*self.sandbox;
+        let limits = Limits::default();
+        let entry = Entry::Tool { args: &args };
+        let run = sandbox
+            .call(
+                prepared,
+                &limits,
+                Helpers::default(),
+                &Default::default(),
+                entry,
+                &ctx,
+            )
+            .await;
+        assert!(matches!(run.result, Ok(Ok(_))));
+    }
 }
 
 async fn run() {

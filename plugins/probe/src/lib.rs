@@ -22,6 +22,27 @@ fn echo(args: Key, _: &Context) -> Result<String, ToolError> {
     Ok(args.key)
 }
 
+/// Calls of this instance before this one: 0 in a fresh instance.
+static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[derive(Deserialize, JsonSchema)]
+struct Residue {
+    kib: usize,
+}
+
+/// What an earlier call left in this instance's memory: its count in a static, and nonzero
+/// bytes in `kib` KiB of zeroed heap (the allocator takes memory the instance never used as
+/// zeroed already, so a slot recycled without its reset shows here). Then scribbles over
+/// that much memory for the next call to find.
+fn residue(args: Residue, _: &Context) -> Result<Value, ToolError> {
+    let earlier_calls = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let fresh = vec![0u8; args.kib << 10];
+    let dirty_bytes = fresh.iter().filter(|byte| **byte != 0).count();
+    let scribbled = std::hint::black_box(vec![0xABu8; args.kib << 10]);
+    std::mem::forget(scribbled);
+    Ok(json!({ "earlier_calls": earlier_calls, "dirty_bytes": dirty_bytes }))
+}
+
 /// Answers `{"n": key}`, which its declared output (an integer `n`) holds only for a number.
 fn shaped(args: Key, _: &Context) -> Result<Value, ToolError> {
     Ok(match args.key.parse::<i64>() {
@@ -264,6 +285,11 @@ fn hold_memory(args: HoldMemory, _: &Context) -> Result<usize, ToolError> {
 
 export_tools!(
     Tool::new("count", "Increments a counter.", count),
+    Tool::new(
+        "residue",
+        "Reports what earlier calls left behind.",
+        residue
+    ),
     Tool::new("shaped", "Answers {n: key}.", shaped).raw_output_schema(json!({
         "type": "object",
         "required": ["n"],

@@ -1,0 +1,160 @@
+//! MCP round trips as one client sees them, printed as numbers:
+//! `cargo bench -p toolhost-cli --bench mcp`.
+//!
+//! The real binary on a fresh data directory, `text_stats` installed for one tenant. One
+//! client sends one request after another: over stdio (`toolhost mcp`) a `ping` and a
+//! `tools/call` of `text_stats`; over Streamable HTTP (`toolhost serve`, one kept-alive
+//! connection, an initialized session) the same two, and the same call on the REST route, the
+//! peer an MCP call is held to. Printed: p50 and p99 of each, and call − ping per transport.
+
+#[path = "support/client.rs"]
+mod client;
+#[path = "../../../tests/it/plugins.rs"]
+#[allow(dead_code)] // not every user of the helpers needs all of them
+mod plugins;
+#[path = "../../../tests/it/process.rs"]
+#[allow(dead_code)]
+mod process;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const WARMUP: usize = 500;
+const ROUNDS: usize = 5_000;
+const TEXT: &str = "The quick brown fox jumps over the lazy dog. Twice!";
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let key = process::tenant(&data, "acme", "{}", &["text_stats"]);
+    println!("{ROUNDS} requests one after another, after {WARMUP} warm-up, one client");
+    println!("{:<34} {:>9} {:>9}", "", "p50 µs", "p99 µs");
+    let (ping, call) = stdio(&data);
+    row("stdio    ping", &ping);
+    row("stdio    tools/call", &call);
+    println!(
+        "{:<34} {:>9.1}",
+        "stdio    call − ping",
+        p50(&call) - p50(&ping)
+    );
+    // The server opens the data directory the stdio process just let go of.
+    let server = process::Server::start(&data, plugins::artifact_dir(), &[]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (ping, call, rest) = runtime.block_on(http(server.addr, &key));
+    row("HTTP     ping", &ping);
+    row("HTTP     tools/call", &call);
+    row("HTTP     REST call (peer)", &rest);
+    println!(
+        "{:<34} {:>9.1}",
+        "HTTP     call − ping",
+        p50(&call) - p50(&ping)
+    );
+    println!(
+        "{:<34} {:>9.1}",
+        "HTTP     MCP call − REST call",
+        p50(&call) - p50(&rest)
+    );
+    server.stop();
+}
+
+/// `ping` and `tools/call` over `toolhost mcp`'s pipes.
+fn stdio(data: &std::path::Path) -> (Vec<Duration>, Vec<Duration>) {
+    let mut child = process::cli(data, &["--tenant", "acme", "mcp"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let mut output = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut ask = |message: Value| {
+        writeln!(input, "{message}").unwrap();
+        if message.get("id").is_some() {
+            line.clear();
+            output.read_line(&mut line).unwrap();
+            let answer: Value = serde_json::from_str(&line).unwrap();
+            assert!(answer.get("result").is_some(), "{line}");
+        }
+    };
+    ask(serde_json::from_str(&client::initialize()).unwrap());
+    ask(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+    let call = call_request();
+    let ping = timed(|| ask(ping.clone()));
+    let call = timed(|| ask(call.clone()));
+    drop(input);
+    child.wait().unwrap();
+    (ping, call)
+}
+
+/// `ping` and `tools/call` on one MCP session, and the REST call, on one connection each.
+async fn http(addr: SocketAddr, key: &str) -> (Vec<Duration>, Vec<Duration>, Vec<Duration>) {
+    let mut conn = client::connect(addr).await;
+    let (status, headers, _) =
+        client::post(&mut conn, "/mcp", key, &[], &client::initialize()).await;
+    assert_eq!(status, 200);
+    let session = headers["mcp-session-id"].to_str().unwrap().to_owned();
+    let session = [("mcp-session-id", session.as_str())];
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    client::post(&mut conn, "/mcp", key, &session, &initialized.to_string()).await;
+    let mut rounds = async |path: &str, head: &[(&str, &str)], body: String| {
+        let mut samples = Vec::new();
+        for round in 0..WARMUP + ROUNDS {
+            let start = Instant::now();
+            let (status, _, answer) = client::post(&mut conn, path, key, head, &body).await;
+            let elapsed = start.elapsed();
+            assert!(status == 200 && !answer.contains("\"error\""), "{answer}");
+            if round >= WARMUP {
+                samples.push(elapsed);
+            }
+        }
+        samples
+    };
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string();
+    let ping = rounds("/mcp", &session, ping).await;
+    let call = rounds("/mcp", &session, call_request().to_string()).await;
+    let rest = json!({"arguments": {"text": TEXT}}).to_string();
+    let rest = rounds("/v1/tools/text_stats/call", &[], rest).await;
+    (ping, call, rest)
+}
+
+fn call_request() -> Value {
+    json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "text_stats", "arguments": {"text": TEXT}}})
+}
+
+fn timed(mut round_trip: impl FnMut()) -> Vec<Duration> {
+    (0..WARMUP).for_each(|_| round_trip());
+    (0..ROUNDS)
+        .map(|_| {
+            let start = Instant::now();
+            round_trip();
+            start.elapsed()
+        })
+        .collect()
+}
+
+fn percentile(samples: &[Duration], p: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted[((sorted.len() - 1) as f64 * p) as usize].as_secs_f64() * 1e6
+}
+
+fn p50(samples: &[Duration]) -> f64 {
+    percentile(samples, 0.5)
+}
+
+fn row(name: &str, samples: &[Duration]) {
+    println!(
+        "{name:<34} {:>9.1} {:>9.1}",
+        p50(samples),
+        percentile(samples, 0.99)
+    );
+}
