@@ -41,19 +41,35 @@ impl Host {
     /// Opens the data directory (or an in-memory store) and loads every tenant's catalog.
     /// Components are loaded lazily, on first call.
     pub fn open(config: HostConfig) -> Result<Self, OpenError> {
-        let store = match &config.data_dir {
-            Some(dir) => RedbStore::open(dir, config.store_cache_bytes)?,
-            None => RedbStore::temporary()?,
-        };
-        let store: Arc<dyn Store> = Arc::new(store.with_secrets_key(config.secrets_key.clone()));
-        Self::with_store(store, config)
+        // The store and the engine take about as long as each other to open, and neither
+        // needs the other: side by side, a restart waits for the slower one only.
+        let (store, sandbox) = std::thread::scope(|scope| {
+            let sandbox = scope.spawn(|| new_sandbox(&config));
+            let store = match &config.data_dir {
+                Some(dir) => RedbStore::open(dir, config.store_cache_bytes),
+                None => RedbStore::temporary(),
+            };
+            let sandbox = sandbox
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (store, sandbox)
+        });
+        let store: Arc<dyn Store> = Arc::new(store?.with_secrets_key(config.secrets_key.clone()));
+        Self::assemble(store, sandbox?, config)
     }
 
     /// A host over any [`Store`]. `config.data_dir` is not opened as a store; it still holds
     /// granted files and the artifact key.
     pub fn with_store(store: Arc<dyn Store>, config: HostConfig) -> Result<Self, OpenError> {
-        let sandbox =
-            Sandbox::new(config.sandbox).map_err(|e| OpenError::Engine(format!("{e:#}")))?;
+        let sandbox = new_sandbox(&config)?;
+        Self::assemble(store, sandbox, config)
+    }
+
+    fn assemble(
+        store: Arc<dyn Store>,
+        sandbox: Sandbox,
+        config: HostConfig,
+    ) -> Result<Self, OpenError> {
         let metrics = Arc::new(Metrics::default());
         let components = Arc::new(Components::new(
             Arc::new(sandbox),
@@ -348,4 +364,8 @@ impl Host {
     pub fn storage_health(&self) -> Result<(), String> {
         self.pipeline.store.health()
     }
+}
+
+fn new_sandbox(config: &HostConfig) -> Result<Sandbox, OpenError> {
+    Sandbox::new(config.sandbox.clone()).map_err(|e| OpenError::Engine(format!("{e:#}")))
 }
