@@ -36,11 +36,7 @@ fn main() {
     let (ping, call) = stdio(&data);
     row("stdio    ping", &ping);
     row("stdio    tools/call", &call);
-    println!(
-        "{:<34} {:>9.1}",
-        "stdio    call − ping",
-        p50(&call) - p50(&ping)
-    );
+    difference("stdio    call − ping", &call, &ping);
     // The server opens the data directory the stdio process just let go of.
     let server = process::Server::start(&data, plugins::artifact_dir(), &[]);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -51,16 +47,8 @@ fn main() {
     row("HTTP     ping", &ping);
     row("HTTP     tools/call", &call);
     row("HTTP     REST call (peer)", &rest);
-    println!(
-        "{:<34} {:>9.1}",
-        "HTTP     call − ping",
-        p50(&call) - p50(&ping)
-    );
-    println!(
-        "{:<34} {:>9.1}",
-        "HTTP     MCP call − REST call",
-        p50(&call) - p50(&rest)
-    );
+    difference("HTTP     call − ping", &call, &ping);
+    difference("HTTP     MCP call − REST call", &call, &rest);
     server.stop();
 }
 
@@ -149,6 +137,11 @@ fn percentile(samples: &[Duration], p: f64) -> f64 {
 
 fn p50(samples: &[Duration]) -> f64 {
     percentile(samples, 0.5)
+}
+
+/// The p50 of `a` less that of `b`.
+fn difference(name: &str, a: &[Duration], b: &[Duration]) {
+    println!("{name:<34} {:>9.1}", p50(a) - p50(b));
 }
 
 fn row(name: &str, samples: &[Duration]) {
