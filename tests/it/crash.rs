@@ -32,8 +32,8 @@ fn variant(dir: &Path, name: &str, round: usize) -> String {
     path.to_str().unwrap().to_owned()
 }
 
-#[test]
-fn a_killed_process_leaves_every_tool_whole_or_absent() {
+#[tokio::test]
+async fn a_killed_process_leaves_every_tool_whole_or_absent() {
     let data = tempfile::tempdir().unwrap();
     let files = tempfile::tempdir().unwrap();
     let ok = toolhost(data.path())
@@ -81,6 +81,7 @@ fn a_killed_process_leaves_every_tool_whole_or_absent() {
         data_dir: Some(data.path().to_owned()),
         ..crate::plugins::config()
     })
+    .await
     .unwrap();
     let component = |tool: &str| match host.describe("acme", tool).map(|t| t.source) {
         Some(Source::Wasm { component, .. }) => Some(component),
@@ -89,7 +90,6 @@ fn a_killed_process_leaves_every_tool_whole_or_absent() {
     // The two tools of one pack are written in one batch: never one without the other, never
     // at different builds.
     assert_eq!(component("text_stats"), component("word_frequency"));
-    let rt = tokio::runtime::Runtime::new().unwrap();
     let acme = Caller::tenant("acme");
     for info in host.list("acme") {
         let args = match info.spec.name.as_str() {
@@ -98,7 +98,7 @@ fn a_killed_process_leaves_every_tool_whole_or_absent() {
             "busy" => json!({"ms": 1}),
             _ => continue,
         };
-        let out = rt.block_on(host.call(&acme, &info.spec.name, args));
+        let out = host.call(&acme, &info.spec.name, args).await;
         assert!(out.result.is_ok(), "{}: {:?}", info.spec.name, out.result);
     }
 }

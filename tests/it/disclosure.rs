@@ -12,7 +12,7 @@ use toolhost_server::bridges::{
 };
 
 async fn host() -> Arc<Host> {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     for name in ["text_stats", "json_query", "unit_convert"] {
         host.install("acme", plugin(name)).await.unwrap();
     }
@@ -215,7 +215,7 @@ async fn tool_call_runs_the_real_pipeline() {
 
 #[tokio::test]
 async fn search_sees_tools_installed_or_registered_after_the_index_was_built() {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     host.install("acme", plugin("unit_convert")).await.unwrap();
     let disclosure = Disclosure::new(
         host.clone(),
@@ -250,7 +250,7 @@ async fn search_sees_tools_installed_or_registered_after_the_index_was_built() {
         search("invoice a customer").await.unwrap()["results"][0]["name"],
         "send_invoice"
     );
-    assert!(host.remove("acme", "word_frequency").unwrap());
+    assert!(host.remove("acme", "word_frequency").await.unwrap());
     let after = search("word frequency").await.unwrap();
     assert!(
         after["results"]
@@ -324,7 +324,7 @@ async fn with_a_search_model_tool_search_finds_what_the_static_ranking_misses() 
         "../../host/search/benches/data/search-eval.json"
     ))
     .unwrap();
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     // The queries' domains and those of the static ranking's wrong answers: 100 tools, so
     // that a debug build encodes them in seconds.
     let domains = [
@@ -395,12 +395,13 @@ async fn a_restart_reuses_the_stored_search_vectors() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let open = || {
+    let open = async || {
         Arc::new(
             Host::open(HostConfig {
                 data_dir: Some(dir.path().to_owned()),
                 ..crate::plugins::config()
             })
+            .await
             .unwrap(),
         )
     };
@@ -421,7 +422,7 @@ async fn a_restart_reuses_the_stored_search_vectors() {
         found["results"][0]["name"].clone()
     };
 
-    let host = open();
+    let host = open().await;
     host.install("acme", plugin("unit_convert")).await.unwrap();
     let tools = host.list("acme").len() as u64;
     assert_eq!(search(host, first_encoder.clone()).await, "convert_units");
@@ -433,7 +434,7 @@ async fn a_restart_reuses_the_stored_search_vectors() {
 
     let restarted_encoder = search_model().unwrap();
     assert_eq!(
-        search(open(), restarted_encoder.clone()).await,
+        search(open().await, restarted_encoder.clone()).await,
         "convert_units"
     );
     assert_eq!(restarted_encoder.encoded(), 1, "only the query");

@@ -13,7 +13,7 @@ use toolhost::{
 };
 
 async fn host_with(plugins: &[&str]) -> Host {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     for name in plugins {
         host.install("acme", plugin(name)).await.unwrap();
     }
@@ -36,7 +36,7 @@ fn error(outcome: &CallOutcome) -> &CallError {
 
 #[tokio::test]
 async fn a_pack_installs_lists_calls_and_removes() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     let specs = host.install("acme", plugin("text_stats")).await.unwrap();
     let names: Vec<_> = specs.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["text_stats", "word_frequency"]);
@@ -75,10 +75,10 @@ async fn a_pack_installs_lists_calls_and_removes() {
         json!([{"word": "a", "count": 3}, {"word": "b", "count": 2}])
     );
 
-    assert!(host.remove("acme", "text_stats").unwrap());
+    assert!(host.remove("acme", "text_stats").await.unwrap());
     let gone = call(&host, "text_stats", json!({"text": "x"})).await;
     assert_eq!(error(&gone).code(), "not_found");
-    assert!(!host.remove("acme", "text_stats").unwrap());
+    assert!(!host.remove("acme", "text_stats").await.unwrap());
     // the other tool of the pack is unaffected
     assert!(
         call(&host, "word_frequency", json!({"text": "x"}))
@@ -143,10 +143,10 @@ async fn installed_tools_survive_a_restart() {
         ..crate::plugins::config()
     };
     {
-        let host = Host::open(config.clone()).unwrap();
+        let host = Host::open(config.clone()).await.unwrap();
         host.install("acme", plugin("unit_convert")).await.unwrap();
     }
-    let host = Host::open(config).unwrap();
+    let host = Host::open(config).await.unwrap();
     assert_eq!(host.list("acme").len(), 1);
     let out = call(
         &host,
@@ -383,6 +383,7 @@ async fn bad_components_get_clear_errors() {
         },
         ..crate::plugins::config()
     })
+    .await
     .unwrap();
     let install = |bytes: Vec<u8>| host.install("acme", bytes);
     assert!(matches!(
@@ -476,7 +477,7 @@ async fn a_components_output_schema_holds_for_every_result() {
 
 #[tokio::test]
 async fn one_invalid_tool_refuses_the_whole_component() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     let refused = host.install("acme", plugin("bad_spec")).await;
     let Err(InstallError::Spec(error)) = refused else {
         panic!("{refused:?}")
@@ -510,7 +511,7 @@ async fn tenants_do_not_see_each_others_tools() {
             name: "convert_units".into()
         }
     );
-    assert!(!host.remove("globex", "convert_units").unwrap());
+    assert!(!host.remove("globex", "convert_units").await.unwrap());
     assert_eq!(host.list("acme").len(), 1);
 }
 
@@ -518,7 +519,7 @@ async fn tenants_do_not_see_each_others_tools() {
 
 #[tokio::test]
 async fn native_tools_run_under_the_same_pipeline() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     let schema =
         json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
     let natives = host.natives();
@@ -723,6 +724,7 @@ async fn every_example_installed() -> Host {
         js_runtime: Some(crate::plugins::js_runtime()),
         ..crate::plugins::config()
     })
+    .await
     .unwrap();
     for name in ["text_stats", "json_query", "unit_convert"] {
         host.install("acme", plugin(name)).await.unwrap();

@@ -20,6 +20,7 @@ async fn fixture(egress: EgressConfig) -> Fixture {
         egress,
         ..crate::plugins::config()
     })
+    .await
     .unwrap();
     for tenant in ["acme", "globex"] {
         host.install(tenant, crate::plugins::plugin("probe"))
@@ -29,9 +30,9 @@ async fn fixture(egress: EgressConfig) -> Fixture {
     Fixture { host, _dir: dir }
 }
 
-fn grant(host: &Host, tenant: &str, grants: Value) {
+async fn grant(host: &Host, tenant: &str, grants: Value) {
     let policy: TenantPolicy = serde_json::from_value(json!({ "grants": grants })).unwrap();
-    host.set_policy(tenant, policy).unwrap();
+    host.set_policy(tenant, policy).await.unwrap();
 }
 
 async fn call(host: &Host, tenant: &str, tool: &str, args: Value) -> CallOutcome {
@@ -94,7 +95,8 @@ async fn a_granted_directory_is_reachable_and_nothing_outside_it() {
             "fs_*": {"filesystem": [{"dir": "reports", "guest": "/data", "write": true}]},
             "fs_read": {"filesystem": [{"dir": "shared", "guest": "/shared"}]}
         }),
-    );
+    )
+    .await;
     let written = probe(
         &f.host,
         "acme",
@@ -161,7 +163,8 @@ async fn a_granted_directory_is_reachable_and_nothing_outside_it() {
         &f.host,
         "acme",
         json!({"fs_write": {"filesystem": [{"dir": "shared", "guest": "/shared"}]}}),
-    );
+    )
+    .await;
     let write = probe(
         &f.host,
         "acme",
@@ -180,8 +183,8 @@ async fn a_granted_directory_is_reachable_and_nothing_outside_it() {
 async fn each_tenant_sees_its_own_files() {
     let f = fixture(EgressConfig::default()).await;
     let same = json!({"fs_*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}});
-    grant(&f.host, "acme", same.clone());
-    grant(&f.host, "globex", same);
+    grant(&f.host, "acme", same.clone()).await;
+    grant(&f.host, "globex", same).await;
     probe(
         &f.host,
         "acme",
@@ -205,7 +208,7 @@ async fn every_write_is_charged_to_the_tenants_files_quota() {
         "grants": {"fs_*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}}
     }))
     .unwrap();
-    f.host.set_policy("acme", policy).unwrap();
+    f.host.set_policy("acme", policy).await.unwrap();
     let root = files(&f.host, "acme");
     let write = |path: &str, len: usize| json!({"path": path, "text": "x".repeat(len)});
     let size = |name: &str| std::fs::metadata(root.join("d").join(name)).map_or(0, |m| m.len());
@@ -293,7 +296,8 @@ async fn every_write_is_charged_to_the_tenants_files_quota() {
         &f.host,
         "globex",
         json!({"fs_*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}}),
-    );
+    )
+    .await;
     let other = write("/d/big", 900_000);
     assert_eq!(
         probe(&f.host, "globex", "fs_write", other).await,
@@ -331,7 +335,8 @@ async fn outbound_http_reaches_granted_destinations_only() {
         &f.host,
         "acme",
         json!({"http_get": {"network": [format!("http://127.0.0.1:{port}")]}}),
-    );
+    )
+    .await;
     let ok = get(format!("http://127.0.0.1:{port}/x")).await;
     assert_eq!(ok, json!({"status": 200, "body": "hello from loopback"}));
     // Another port, another scheme, another host: denied before any connection.
@@ -355,7 +360,8 @@ async fn outbound_http_reaches_granted_destinations_only() {
         &f.host,
         "acme",
         json!({"http_get": {"network": [format!("http://localhost:{port}"), "*.example.com"]}}),
-    );
+    )
+    .await;
     let rebinding = get(format!("http://localhost:{port}/")).await;
     assert!(
         rebinding["error"]
@@ -373,7 +379,8 @@ async fn outbound_http_reaches_granted_destinations_only() {
         &open.host,
         "acme",
         json!({"http_get": {"network": [format!("http://localhost:{port}")]}}),
-    );
+    )
+    .await;
     let out = call(
         &open.host,
         "acme",
@@ -394,12 +401,13 @@ async fn a_symlink_planted_in_a_grant_leads_nowhere() {
         {"dir": "data", "guest": "/data", "write": true},
         {"dir": "data/sub", "guest": "/sub"}
     ]}});
-    grant(&f.host, "acme", grants);
+    grant(&f.host, "acme", grants).await;
     grant(
         &f.host,
         "globex",
         json!({"*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}}),
-    );
+    )
+    .await;
     probe(
         &f.host,
         "globex",
@@ -442,7 +450,8 @@ async fn a_grant_swapped_for_a_link_during_a_call_still_reaches_only_its_own_fil
         &f.host,
         "acme",
         json!({"*": {"filesystem": [{"dir": "data", "guest": "/data"}]}}),
-    );
+    )
+    .await;
     let (acme, globex) = (files(&f.host, "acme"), files(&f.host, "globex"));
     for (root, text) in [(&acme, "acme's own"), (&globex, "globex only")] {
         std::fs::create_dir_all(root.join("data")).unwrap();
@@ -488,7 +497,8 @@ async fn hard_links_cannot_reach_outside_a_grant() {
             {"dir": "data", "guest": "/data", "write": true},
             {"dir": "docs", "guest": "/docs"}
         ]}}),
-    );
+    )
+    .await;
     let acme = files(&f.host, "acme");
     for dir in ["data", "docs"] {
         std::fs::create_dir_all(acme.join(dir)).unwrap();

@@ -91,13 +91,14 @@ impl Server {
     }
 }
 
-fn loopback_host() -> Host {
+async fn loopback_host() -> Host {
     Host::open(HostConfig {
         egress: EgressConfig {
             allow_private: vec!["127.0.0.1".parse().unwrap()],
         },
         ..crate::plugins::config()
     })
+    .await
     .unwrap()
 }
 
@@ -133,7 +134,7 @@ fn tool_error(outcome: &CallOutcome) -> &str {
 #[tokio::test]
 async fn every_template_location_is_filled_and_escaped() {
     let (server, addr) = Server::start().await;
-    let host = loopback_host();
+    let host = loopback_host().await;
     host.install_http(
         "acme",
         def(
@@ -147,6 +148,7 @@ async fn every_template_location_is_filled_and_escaped() {
             }),
         ),
     )
+    .await
     .unwrap();
     let args = json!({"id": "../admin?x=1#y z", "q": "a&b=c d", "n": 7, "tags": ["t1", "t2"]});
     let out = call(&host, "lookup", args).await;
@@ -191,7 +193,7 @@ async fn every_template_location_is_filled_and_escaped() {
 #[tokio::test]
 async fn secrets_fill_templates_and_never_reach_the_agent() {
     let (server, addr) = Server::start().await;
-    let host = loopback_host();
+    let host = loopback_host().await;
     let spec = host
         .install_http(
             "acme",
@@ -204,6 +206,7 @@ async fn secrets_fill_templates_and_never_reach_the_agent() {
                 }),
             ),
         )
+        .await
         .unwrap();
     assert_eq!(
         spec.config,
@@ -216,6 +219,7 @@ async fn secrets_fill_templates_and_never_reach_the_agent() {
     assert!(server.seen().is_empty());
 
     host.set_config("acme", "API_TOKEN", "s3cr3t-value", true)
+        .await
         .unwrap();
     // The server echoes the token in a success and in a failure.
     server.script([
@@ -237,6 +241,7 @@ async fn secrets_fill_templates_and_never_reach_the_agent() {
 
     // Echoed in the encodings APIs use: each is redacted too.
     host.set_config("acme", "API_TOKEN", "s3cr3t/value+1", true)
+        .await
         .unwrap();
     let echoes = [
         ("percent-encoded", "s3cr3t%2Fvalue%2B1"),
@@ -257,7 +262,7 @@ async fn secrets_fill_templates_and_never_reach_the_agent() {
 #[tokio::test]
 async fn retries_back_off_exponentially_and_honour_retry_after() {
     let (server, addr) = Server::start().await;
-    let host = loopback_host();
+    let host = loopback_host().await;
     let retrying = |name: &str, path: &str| {
         def(
             name,
@@ -269,10 +274,13 @@ async fn retries_back_off_exponentially_and_honour_retry_after() {
         )
     };
     host.install_http("acme", retrying("flaky", "flaky"))
+        .await
         .unwrap();
     host.install_http("acme", retrying("limited", "limited"))
+        .await
         .unwrap();
     host.install_http("acme", retrying("missing", "missing"))
+        .await
         .unwrap();
 
     // 503, 500, then 200: waits of 100 ms, then 300 ms.
@@ -334,7 +342,7 @@ async fn connection_errors_are_retried_and_then_reported() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap()
     };
-    let host = loopback_host();
+    let host = loopback_host().await;
     host.install_http(
         "acme",
         def(
@@ -346,6 +354,7 @@ async fn connection_errors_are_retried_and_then_reported() {
             }),
         ),
     )
+    .await
     .unwrap();
     let started = Instant::now();
     let out = call(&host, "down", json!({})).await;
@@ -363,20 +372,20 @@ async fn connection_errors_are_retried_and_then_reported() {
 #[tokio::test]
 async fn limits_bound_the_response_and_the_time() {
     let (server, addr) = Server::start().await;
-    let host = loopback_host();
+    let host = loopback_host().await;
     let mut slow = def(
         "slow",
         json!({"method": "get", "url": format!("http://{addr}/slow")}),
     );
     slow.spec.limits.timeout_ms = 200;
-    host.install_http("acme", slow).unwrap();
+    host.install_http("acme", slow).await.unwrap();
     host.install_http(
         "acme",
         def(
             "small",
             json!({"method": "get", "url": format!("http://{addr}/big"), "max_response_bytes": 100}),
         ),
-    )
+    ).await
     .unwrap();
     host.install_http(
         "acme",
@@ -385,6 +394,7 @@ async fn limits_bound_the_response_and_the_time() {
             json!({"method": "get", "url": format!("http://{addr}/page")}),
         ),
     )
+    .await
     .unwrap();
 
     let mut late = reply(200, "{}");
@@ -413,7 +423,7 @@ async fn limits_bound_the_response_and_the_time() {
 #[tokio::test]
 async fn private_addresses_need_the_operators_grant() {
     let (server, addr) = Server::start().await;
-    let closed = Host::open(crate::plugins::config()).unwrap();
+    let closed = Host::open(crate::plugins::config()).await.unwrap();
     for (name, url) in [
         ("by_ip", format!("http://{addr}/")),
         ("by_name", format!("http://localhost:{}/", addr.port())),
@@ -424,6 +434,7 @@ async fn private_addresses_need_the_operators_grant() {
     ] {
         closed
             .install_http("acme", def(name, json!({"method": "get", "url": url})))
+            .await
             .unwrap();
         let out = call(&closed, name, json!({})).await;
         assert!(
@@ -438,7 +449,7 @@ async fn private_addresses_need_the_operators_grant() {
 #[tokio::test]
 async fn a_proxy_gets_the_absolute_url_and_its_own_headers() {
     let (proxy, addr) = Server::start().await;
-    let host = loopback_host();
+    let host = loopback_host().await;
     host.install_http(
         "acme",
         def(
@@ -450,9 +461,10 @@ async fn a_proxy_gets_the_absolute_url_and_its_own_headers() {
                 "proxy": {"url": format!("http://{addr}"), "headers": {"Proxy-Authorization": "Basic {{secret.PROXY}}"}}
             }),
         ),
-    )
+    ).await
     .unwrap();
     host.set_config("acme", "PROXY", "dXNlcjpwdw==", true)
+        .await
         .unwrap();
     let out = call(&host, "proxied", json!({})).await;
     assert_eq!(out.result, Ok(json!({"ok": true})));
@@ -469,7 +481,7 @@ async fn a_proxy_gets_the_absolute_url_and_its_own_headers() {
 #[tokio::test]
 async fn a_proxy_does_not_carry_requests_where_egress_would_not_go() {
     let (proxy, addr) = Server::start().await;
-    let host = loopback_host();
+    let host = loopback_host().await;
     for (name, url) in [
         ("metadata", "http://169.254.169.254/latest/meta-data/"),
         ("tunnelled", "https://10.0.0.1/"),
@@ -477,7 +489,7 @@ async fn a_proxy_does_not_carry_requests_where_egress_would_not_go() {
     ] {
         let request =
             json!({"method": "get", "url": url, "proxy": {"url": format!("http://{addr}")}});
-        host.install_http("acme", def(name, request)).unwrap();
+        host.install_http("acme", def(name, request)).await.unwrap();
         let out = call(&host, name, json!({})).await;
         let error = tool_error(&out).to_owned();
         let why = if name == "unresolvable" {
@@ -502,14 +514,16 @@ async fn definitions_are_validated_versioned_and_persisted() {
         ..crate::plugins::config()
     };
     {
-        let host = Host::open(config()).unwrap();
-        let bad = host.install_http(
-            "acme",
-            def(
-                "bad",
-                json!({"method": "get", "url": "http://{{id}}.example.com/"}),
-            ),
-        );
+        let host = Host::open(config()).await.unwrap();
+        let bad = host
+            .install_http(
+                "acme",
+                def(
+                    "bad",
+                    json!({"method": "get", "url": "http://{{id}}.example.com/"}),
+                ),
+            )
+            .await;
         assert!(
             matches!(&bad, Err(InstallError::Spec(e)) if e.field == "request.url"),
             "{bad:?}"
@@ -520,11 +534,12 @@ async fn definitions_are_validated_versioned_and_persisted() {
                 "acme",
                 def("versioned", json!({"method": "get", "url": url})),
             )
+            .await
             .unwrap();
         }
-        assert_eq!(host.versions("acme", "versioned").unwrap().current, 2);
+        assert_eq!(host.versions("acme", "versioned").await.unwrap().current, 2);
     }
-    let host = Host::open(config()).unwrap();
+    let host = Host::open(config()).await.unwrap();
     let info = host.describe("acme", "versioned").unwrap();
     assert!(matches!(
         info.source,

@@ -26,6 +26,7 @@ async fn a_burst_of_nested_calls_ends_in_time_and_other_tenants_are_served_throu
             js_runtime: Some(crate::plugins::js_runtime()),
             ..crate::plugins::config()
         })
+        .await
         .unwrap(),
     );
     let inner = js_tool("inner", 3000, "return { ok: 1 };");
@@ -92,7 +93,7 @@ async fn a_burst_of_nested_calls_ends_in_time_and_other_tenants_are_served_throu
 /// with `$refs` that double, a 47-byte call grew memory until the host aborted.
 #[tokio::test]
 async fn schemas_too_costly_to_check_are_refused_at_install_naming_the_rule() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     let mut branch = json!({"type": "string", "minLength": 3});
     for _ in 0..20 {
         branch = json!({"anyOf": [{"type": "integer"}, branch]});
@@ -104,6 +105,7 @@ async fn schemas_too_costly_to_check_are_refused_at_install_naming_the_rule() {
         json!({"spec": spec, "request": {"method": "get", "url": "https://api.example.com/"}});
     let error = host
         .install_http("acme", serde_json::from_value(def).unwrap())
+        .await
         .unwrap_err();
     assert!(
         matches!(&error, InstallError::Spec(e) if e.to_string().contains("too costly")),
@@ -120,6 +122,7 @@ async fn a_result_too_large_to_parse_is_refused_unread() {
         js_runtime: Some(crate::plugins::js_runtime()),
         ..crate::plugins::config()
     })
+    .await
     .unwrap();
     let huge = "export const spec = { name: 'huge', description: 'A test tool.', \
                 parameters: { type: 'object' }, limits: { memory_bytes: 268435456 } };\n\
@@ -138,12 +141,12 @@ async fn a_result_too_large_to_parse_is_refused_unread() {
 /// tenant's gates as a call does: `max_concurrent: 1` once could be bypassed by installing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_install_passes_the_tenants_gates_like_a_call() {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     host.install("acme", crate::plugins::plugin("probe"))
         .await
         .unwrap();
     let policy = serde_json::from_value(json!({"max_concurrent": 1})).unwrap();
-    host.set_policy("acme", policy).unwrap();
+    host.set_policy("acme", policy).await.unwrap();
     let started = crate::plugins::next_call_started(&host);
     let busy = {
         let host = host.clone();
@@ -177,7 +180,7 @@ async fn an_install_passes_the_tenants_gates_like_a_call() {
 /// version of the same component adds nothing, and removing tools makes room.
 #[tokio::test]
 async fn installs_stop_at_the_tenants_code_quota() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     let (small, large) = (
         crate::plugins::plugin("text_stats"),
         crate::plugins::plugin("probe"),
@@ -185,7 +188,7 @@ async fn installs_stop_at_the_tenants_code_quota() {
     assert!(small.len() < large.len());
     let quota = (small.len() + large.len() / 2) as u64;
     let policy = serde_json::from_value(json!({ "code_quota_bytes": quota })).unwrap();
-    host.set_policy("acme", policy).unwrap();
+    host.set_policy("acme", policy).await.unwrap();
 
     host.install("acme", small.clone()).await.unwrap();
     host.install("acme", small.clone())
@@ -209,7 +212,7 @@ async fn installs_stop_at_the_tenants_code_quota() {
         .expect("another tenant has its own quota");
 
     for tool in ["text_stats", "word_frequency"] {
-        assert!(host.remove("acme", tool).unwrap());
+        assert!(host.remove("acme", tool).await.unwrap());
     }
     host.install("acme", large)
         .await
@@ -228,7 +231,7 @@ async fn calls_past_the_memory_budget_wait_for_it() {
         sandbox,
         ..crate::plugins::config()
     };
-    let host = Arc::new(Host::open(config).unwrap());
+    let host = Arc::new(Host::open(config).await.unwrap());
     host.install("acme", crate::plugins::plugin("probe"))
         .await
         .unwrap();

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use toolhost::{CallError, CallOutcome, Caller, Host, HostConfig, InstallError, ToolError};
 
-fn host_in(data_dir: Option<std::path::PathBuf>) -> Arc<Host> {
+async fn host_in(data_dir: Option<std::path::PathBuf>) -> Arc<Host> {
     Arc::new(
         Host::open(HostConfig {
             data_dir,
             js_runtime: Some(crate::plugins::js_runtime()),
             ..crate::plugins::config()
         })
+        .await
         .unwrap(),
     )
 }
@@ -47,7 +48,7 @@ async fn assert_counts_the_cat_and_the_hat(host: &Host, tool: &str) {
 
 #[tokio::test]
 async fn the_example_installs_and_answers_at_once() {
-    let host = host_in(None);
+    let host = host_in(None).await;
     let spec = host.install_js("acme", &example()).await.unwrap();
     assert_eq!(spec.name, "js_word_count");
     assert_counts_the_cat_and_the_hat(&host, "js_word_count").await;
@@ -64,7 +65,7 @@ async fn the_example_installs_and_answers_at_once() {
 /// answer that does not meet it is `invalid_output`, never passed on to the agent.
 #[tokio::test]
 async fn every_answer_meets_the_tools_output_schema() {
-    let host = host_in(None);
+    let host = host_in(None).await;
     host.install_js("acme", &example()).await.unwrap();
     let listed = host.export("acme", toolhost::export::Format::Mcp);
     assert_eq!(listed[0]["outputSchema"]["required"][0], "words");
@@ -94,8 +95,10 @@ async fn every_answer_meets_the_tools_output_schema() {
 
 #[tokio::test]
 async fn helpers_context_and_nested_calls_work_from_js() {
-    let host = host_in(None);
-    host.set_config("acme", "REGION", "eu-west", false).unwrap();
+    let host = host_in(None).await;
+    host.set_config("acme", "REGION", "eu-west", false)
+        .await
+        .unwrap();
     let counter = r#"export const spec = { name: "js_counter", description: "Counts.",
         parameters: { type: "object" }, config: ["REGION"] };
     export default async function (args, ctx) {
@@ -133,7 +136,7 @@ async fn helpers_context_and_nested_calls_work_from_js() {
 
 #[tokio::test]
 async fn a_syntax_error_is_refused_at_upload_with_line_and_column() {
-    let host = host_in(None);
+    let host = host_in(None).await;
     let broken = "export const spec = { name: 'broken', description: 'x', parameters: { type: 'object' } };\n\
                   export default function (args) {\n  return args.;\n}\n";
     let error = host.install_js("acme", broken).await.unwrap_err();
@@ -167,7 +170,7 @@ async fn a_syntax_error_is_refused_at_upload_with_line_and_column() {
 
 #[tokio::test]
 async fn an_exception_is_a_tool_error_with_message_and_stack() {
-    let host = host_in(None);
+    let host = host_in(None).await;
     let thrower = tool(
         "thrower",
         json!({}),
@@ -189,7 +192,7 @@ async fn an_exception_is_a_tool_error_with_message_and_stack() {
 
 #[tokio::test]
 async fn an_endless_loop_times_out_and_a_memory_bomb_hits_the_memory_limit() {
-    let host = host_in(None);
+    let host = host_in(None).await;
     let spin = tool("spin", json!({"timeout_ms": 300}), "while (true) {}");
     let bomb = tool(
         "bomb",
@@ -224,7 +227,7 @@ async fn an_endless_loop_times_out_and_a_memory_bomb_hits_the_memory_limit() {
 async fn js_tools_survive_a_restart_and_keep_their_runtime() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let host = host_in(Some(dir.path().to_owned()));
+        let host = host_in(Some(dir.path().to_owned())).await;
         host.install_js("acme", &example()).await.unwrap();
     }
     // Opened without a runtime: installed tools still run on the one they were installed on.
@@ -232,6 +235,7 @@ async fn js_tools_survive_a_restart_and_keep_their_runtime() {
         data_dir: Some(dir.path().to_owned()),
         ..crate::plugins::config()
     })
+    .await
     .unwrap();
     let out = call(&host, "js_word_count", json!({"text": "a b a"})).await;
     assert_eq!(out.result.unwrap()["words"], 3);
@@ -251,7 +255,7 @@ async fn a_component_built_by_the_js_sdk_installs_runs_and_restarts_from_its_art
         ..crate::plugins::config()
     };
     {
-        let host = Host::open(config()).unwrap();
+        let host = Host::open(config()).await.unwrap();
         let specs = host.install("acme", component).await.unwrap();
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["js_component_word_count", "js_component_fail"]);
@@ -291,7 +295,7 @@ async fn a_component_built_by_the_js_sdk_installs_runs_and_restarts_from_its_art
         );
     }
     // After a restart the stored artifact is loaded, not recompiled.
-    let host = Host::open(config()).unwrap();
+    let host = Host::open(config()).await.unwrap();
     let out = call(&host, "js_component_word_count", json!({"text": "a b a"})).await;
     assert_eq!(out.result.unwrap()["words"], 3);
     let loads = host.metrics().render();
@@ -307,7 +311,7 @@ async fn a_component_built_by_the_js_sdk_installs_runs_and_restarts_from_its_art
 /// for its exported schema, succeeds, and a tool sees a null optional argument as absent.
 #[tokio::test]
 async fn strict_tools_take_what_a_strict_mode_model_sends() {
-    let host = host_in(None);
+    let host = host_in(None).await;
     host.install("acme", crate::plugins::plugin("unit_convert"))
         .await
         .unwrap();

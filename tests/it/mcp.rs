@@ -45,15 +45,15 @@ pub(crate) struct Served {
 
 /// A host with `text_stats` installed for `acme`, served with an agent key.
 async fn served() -> Served {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     host.install("acme", plugin("text_stats")).await.unwrap();
     serve_for_acme(host, toolhost::Role::Agent).await
 }
 
 /// Serves `host` with a new key of `acme`'s in `role`.
 pub(crate) async fn serve_for_acme(host: Arc<Host>, role: toolhost::Role) -> Served {
-    host.create_tenant("acme").unwrap();
-    let key = host.create_key("acme", role).unwrap().secret;
+    host.create_tenant("acme").await.unwrap();
+    let key = host.create_key("acme", role).await.unwrap().secret;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -217,6 +217,7 @@ async fn stdio_client(
             data_dir: Some(data.path().to_owned()),
             ..crate::plugins::config()
         })
+        .await
         .unwrap();
         host.install("acme", plugin("text_stats")).await.unwrap();
     }
@@ -367,6 +368,7 @@ async fn the_python_sdk_lists_and_calls_over_stdio() {
         data_dir: Some(data.path().to_owned()),
         ..crate::plugins::config()
     })
+    .await
     .unwrap();
     host.install("acme", plugin("text_stats")).await.unwrap();
     drop(host);
@@ -412,7 +414,7 @@ async fn a_call_the_client_cancels_stops_running() {
     } = served().await;
     host.install("acme", plugin("probe")).await.unwrap();
     let policy = serde_json::from_value(json!({"max_concurrent": 1})).unwrap();
-    host.set_policy("acme", policy).unwrap();
+    host.set_policy("acme", policy).await.unwrap();
     let out = Command::new("node")
         .arg("cancel.mjs")
         .args([&url, &key])
@@ -548,8 +550,11 @@ async fn a_result_that_finished_while_the_client_was_away_is_replayed() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let resume = [("Mcp-Session-Id", session.trim()), ("Last-Event-ID", &last)];
     // Another tenant's key finds neither the session nor its events.
-    host.create_tenant("globex").unwrap();
-    let other = host.create_key("globex", toolhost::Role::Agent).unwrap();
+    host.create_tenant("globex").await.unwrap();
+    let other = host
+        .create_key("globex", toolhost::Role::Agent)
+        .await
+        .unwrap();
     let refused = mcp_raw(&url, &other.secret, &resume, "", "\r\n\r\n").await;
     assert!(refused.starts_with("HTTP/1.1 404"), "{refused}");
     assert!(!refused.contains("done"), "{refused}");
@@ -617,14 +622,14 @@ fn example_calls() -> Vec<(&'static str, Value, &'static str, Value)> {
 /// as the returned guard.
 async fn examples_served() -> (tempfile::TempDir, Served) {
     let data = examples_installed().await;
-    let host = Arc::new(examples_host(data.path()));
+    let host = Arc::new(examples_host(data.path()).await);
     (data, serve_for_acme(host, toolhost::Role::Agent).await)
 }
 
 /// A data directory where `acme` has the example tools, as `scripts/demo` installs them.
 async fn examples_installed() -> tempfile::TempDir {
     let data = tempfile::tempdir().unwrap();
-    let host = examples_host(data.path());
+    let host = examples_host(data.path()).await;
     for name in ["text_stats", "json_query", "unit_convert"] {
         host.install("acme", plugin(name)).await.unwrap();
     }
@@ -633,12 +638,13 @@ async fn examples_installed() -> tempfile::TempDir {
     data
 }
 
-fn examples_host(data: &std::path::Path) -> Host {
+async fn examples_host(data: &std::path::Path) -> Host {
     Host::open(HostConfig {
         data_dir: Some(data.to_owned()),
         js_runtime: Some(crate::plugins::js_runtime()),
         ..crate::plugins::config()
     })
+    .await
     .unwrap()
 }
 

@@ -17,8 +17,8 @@ fn object() -> Value {
 }
 
 /// A host with `echo` (returns its args) and a counter of how often it ran.
-fn host_with_echo() -> (Arc<Host>, Arc<AtomicU32>) {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+async fn host_with_echo() -> (Arc<Host>, Arc<AtomicU32>) {
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     let runs = Arc::new(AtomicU32::new(0));
     let counter = runs.clone();
     host.natives()
@@ -45,11 +45,12 @@ fn policy(json: Value) -> TenantPolicy {
 async fn a_call_waiting_for_approval_survives_a_restart_and_is_decided_once() {
     let dir = tempfile::tempdir().unwrap();
     // The embedding app registers its tools at every start; the held calls come from the store.
-    let open = |runs: Arc<AtomicU32>| {
+    let open = async |runs: Arc<AtomicU32>| {
         let host = Host::open(HostConfig {
             data_dir: Some(dir.path().to_owned()),
             ..crate::plugins::config()
         })
+        .await
         .unwrap();
         let mut guarded = ToolSpec::new("wire_money", "Moves money.", object());
         guarded.needs_approval = true;
@@ -63,14 +64,14 @@ async fn a_call_waiting_for_approval_survives_a_restart_and_is_decided_once() {
     };
     let runs = Arc::new(AtomicU32::new(0));
     let (approve_id, reject_id) = {
-        let host = open(runs.clone());
+        let host = open(runs.clone()).await;
         let first = call(&host, "acme", "wire_money", json!({"n": 100})).await;
         let second = call(&host, "acme", "wire_money", json!({"n": 7})).await;
         assert_eq!(first.code(), "approval_required");
         (first.call_id, second.call_id)
     };
 
-    let host = open(runs.clone());
+    let host = open(runs.clone()).await;
     let mut pending: Vec<(String, Value)> = host
         .pending_approvals("acme")
         .into_iter()
@@ -86,12 +87,12 @@ async fn a_call_waiting_for_approval_survives_a_restart_and_is_decided_once() {
     assert!(host.pending_approvals("globex").is_empty());
     let approved = host.approve("acme", &approve_id).await.unwrap();
     assert_eq!(approved.result, Ok(json!({"wired": 100})));
-    host.reject("acme", &reject_id, "no").unwrap();
+    host.reject("acme", &reject_id, "no").await.unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     drop(host);
 
     // Decided before the restart: neither can be decided again after it.
-    let host = open(runs.clone());
+    let host = open(runs.clone()).await;
     assert!(host.pending_approvals("acme").is_empty());
     assert!(host.approve("acme", &approve_id).await.is_err());
     assert!(host.approve("acme", &reject_id).await.is_err());
@@ -106,11 +107,12 @@ async fn allow_and_deny_lists_apply_per_tenant_and_persist() {
         ..crate::plugins::config()
     };
     {
-        let host = Host::open(config()).unwrap();
+        let host = Host::open(config()).await.unwrap();
         host.set_policy("acme", policy(json!({"deny": ["ec*"]})))
+            .await
             .unwrap();
     }
-    let host = Host::open(config()).unwrap();
+    let host = Host::open(config()).await.unwrap();
     host.natives()
         .register(ToolSpec::new("echo", "Echo.", object()), |a, _, _| async {
             Ok(a)
@@ -128,15 +130,18 @@ async fn allow_and_deny_lists_apply_per_tenant_and_persist() {
     );
 
     host.set_policy("globex", policy(json!({"allow": ["other"]})))
+        .await
         .unwrap();
     let denied = call(&host, "globex", "echo", json!({})).await;
     assert!(
         matches!(&denied.result, Err(CallError::Denied { reason }) if reason.contains("allow list"))
     );
 
-    let bad = host.set_policy("acme", policy(json!({"deny": ["no spaces"]})));
+    let bad = host
+        .set_policy("acme", policy(json!({"deny": ["no spaces"]})))
+        .await;
     assert!(bad.unwrap_err().to_string().contains("deny"));
-    assert_eq!(*host.policy("acme"), policy(json!({"deny": ["ec*"]})));
+    assert_eq!(*host.policy("acme").await, policy(json!({"deny": ["ec*"]})));
 }
 
 #[tokio::test]
@@ -161,7 +166,7 @@ async fn hooks_see_valid_calls_and_can_refuse_them() {
             self.seen.lock().unwrap().push(line);
         }
     }
-    let (host, runs) = host_with_echo();
+    let (host, runs) = host_with_echo().await;
     let audit = Arc::new(Audit::default());
     host.add_hook(audit.clone());
 
@@ -195,7 +200,7 @@ async fn hooks_see_valid_calls_and_can_refuse_them() {
 
 #[tokio::test]
 async fn a_call_that_needs_approval_runs_only_once_approved() {
-    let (host, runs) = host_with_echo();
+    let (host, runs) = host_with_echo().await;
     let mut guarded = ToolSpec::new("wire_money", "Moves money.", object());
     guarded.needs_approval = true;
     let wired = Arc::new(AtomicU32::new(0));
@@ -240,10 +245,14 @@ async fn a_call_that_needs_approval_runs_only_once_approved() {
 
     // Rejected: never runs. The tenant's policy can require approval of any tool.
     host.set_policy("acme", policy(json!({"needs_approval": ["echo"]})))
+        .await
         .unwrap();
     let waiting = call(&host, "acme", "echo", json!({"n": 1})).await;
     assert_eq!(waiting.code(), "approval_required");
-    let rejected = host.reject("acme", &waiting.call_id, "not today").unwrap();
+    let rejected = host
+        .reject("acme", &waiting.call_id, "not today")
+        .await
+        .unwrap();
     assert_eq!(
         rejected.result,
         Err(CallError::Rejected {
@@ -256,7 +265,7 @@ async fn a_call_that_needs_approval_runs_only_once_approved() {
 
 #[tokio::test]
 async fn only_idempotent_tools_are_retried_after_a_stall() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     // Stalls on its first `stalls` attempts, then answers.
     let register = |name: &str, idempotent: bool, retries: u32, stalls: u32| {
         let mut spec = ToolSpec::new(name, "Flaky.", object());
@@ -297,8 +306,9 @@ async fn only_idempotent_tools_are_retried_after_a_stall() {
 
 #[tokio::test]
 async fn a_tenant_over_its_rate_is_refused_and_others_are_not() {
-    let (host, runs) = host_with_echo();
+    let (host, runs) = host_with_echo().await;
     host.set_policy("acme", policy(json!({"calls_per_minute": 60, "burst": 2})))
+        .await
         .unwrap();
     for _ in 0..2 {
         assert!(call(&host, "acme", "echo", json!({})).await.result.is_ok());
@@ -327,7 +337,7 @@ async fn a_tenant_over_its_rate_is_refused_and_others_are_not() {
 
 #[tokio::test]
 async fn a_tenant_at_its_concurrency_limit_is_refused_until_a_call_ends() {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     let release = Arc::new(tokio::sync::Notify::new());
     let started = Arc::new(tokio::sync::Notify::new());
     let (r, s) = (release.clone(), started.clone());
@@ -342,6 +352,7 @@ async fn a_tenant_at_its_concurrency_limit_is_refused_until_a_call_ends() {
         })
         .unwrap();
     host.set_policy("acme", policy(json!({"max_concurrent": 1})))
+        .await
         .unwrap();
 
     let first = tokio::spawn({
@@ -383,8 +394,9 @@ async fn a_tenant_at_its_concurrency_limit_is_refused_until_a_call_ends() {
 
 #[tokio::test]
 async fn tool_call_passes_the_same_preflight() {
-    let (host, runs) = host_with_echo();
+    let (host, runs) = host_with_echo().await;
     host.set_policy("acme", policy(json!({"deny": ["echo"]})))
+        .await
         .unwrap();
     let disclosure = Disclosure::new(host.clone(), DisclosureConfig::default());
     let bridged = disclosure
@@ -403,7 +415,7 @@ async fn tool_call_passes_the_same_preflight() {
 
 #[tokio::test]
 async fn metrics_count_outcomes_instances_and_compile_cache_hits() {
-    let (host, _) = host_with_echo();
+    let (host, _) = host_with_echo().await;
     host.install("acme", crate::plugins::plugin("text_stats"))
         .await
         .unwrap();
@@ -438,7 +450,7 @@ async fn metrics_count_outcomes_instances_and_compile_cache_hits() {
 // ---- nested calls: the `call-tool` helper ----
 
 async fn probe_host() -> Arc<Host> {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     host.install("acme", crate::plugins::plugin("probe"))
         .await
         .unwrap();
@@ -472,6 +484,7 @@ async fn a_guest_calls_another_tool_of_its_tenant_through_the_pipeline() {
     assert!(error.starts_with("invalid_args: "), "{error}");
     // The tenant's policy applies to nested calls too.
     host.set_policy("acme", policy(json!({"deny": ["count"]})))
+        .await
         .unwrap();
     let error = nested_error(&host, "count", json!({"key": "k"})).await;
     assert!(error.starts_with("denied: "), "{error}");
@@ -558,7 +571,7 @@ async fn every_call_emits_one_structured_event() {
     let events = Events::default();
     let subscriber = tracing_subscriber::registry().with(events.clone());
     let _guard = tracing::subscriber::set_default(subscriber);
-    let (host, _) = host_with_echo();
+    let (host, _) = host_with_echo().await;
     call(&host, "acme", "echo", json!({"n": 1})).await;
     call(&host, "acme", "nope", json!({})).await;
 

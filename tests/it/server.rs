@@ -20,13 +20,14 @@ struct Api {
     globex: String,
 }
 
-fn api() -> Api {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+async fn api() -> Api {
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     let mut keys = Vec::new();
     for tenant in ["acme", "globex"] {
-        host.create_tenant(tenant).unwrap();
+        host.create_tenant(tenant).await.unwrap();
         keys.push(
             host.create_key(tenant, toolhost::Role::Admin)
+                .await
                 .unwrap()
                 .secret,
         );
@@ -103,7 +104,7 @@ fn error_code(body: &Value) -> &str {
 
 #[tokio::test]
 async fn keys_decide_the_tenant_and_anything_else_is_401() {
-    let api = api();
+    let api = api().await;
     for key in [None, Some("thk_00000000_nope"), Some("")] {
         let (status, body) = send(&api, "GET", "/v1/tools", key, "application/json", vec![]).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -111,8 +112,8 @@ async fn keys_decide_the_tenant_and_anything_else_is_401() {
     }
     let (status, _) = get(&api, "/v1/tools", &api.acme).await;
     assert_eq!(status, StatusCode::OK);
-    let id = &api.host.keys(Some("acme")).unwrap()[0].id;
-    assert!(api.host.revoke_key(id).unwrap());
+    let id = &api.host.keys(Some("acme")).await.unwrap()[0].id;
+    assert!(api.host.revoke_key(id).await.unwrap());
     assert_eq!(
         get(&api, "/v1/tools", &api.acme).await.0,
         StatusCode::UNAUTHORIZED
@@ -126,7 +127,7 @@ async fn keys_decide_the_tenant_and_anything_else_is_401() {
 
 #[tokio::test]
 async fn a_tool_is_installed_called_versioned_and_removed_over_http() {
-    let api = api();
+    let api = api().await;
     let (status, body) = install(&api, &api.acme, "text_stats").await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["installed"].as_array().unwrap().len(), 2);
@@ -208,7 +209,7 @@ async fn a_tool_is_installed_called_versioned_and_removed_over_http() {
 
 #[tokio::test]
 async fn a_component_installs_from_a_multipart_form() {
-    let api = api();
+    let api = api().await;
     let boundary = "toolhost-boundary";
     let mut form = format!(
         "--{boundary}\r\nContent-Disposition: form-data; name=\"component\"; filename=\"u.wasm\"\r\nContent-Type: application/wasm\r\n\r\n"
@@ -232,7 +233,7 @@ async fn a_component_installs_from_a_multipart_form() {
 
 #[tokio::test]
 async fn another_tenants_tool_answers_exactly_like_a_missing_one() {
-    let api = api();
+    let api = api().await;
     let probes = [
         ("GET", "/v1/tools/word_frequency", json!(null)),
         (
@@ -303,7 +304,7 @@ async fn expect_error(
 
 #[tokio::test]
 async fn oversized_and_malformed_requests_get_the_error_shape() {
-    let api = api();
+    let api = api().await;
     install(&api, &api.acme, "text_stats").await;
     let call = "/v1/tools/text_stats/call";
     let huge = json!({"arguments": {"text": "x".repeat(MAX_REQUEST_BYTES)}})
@@ -423,7 +424,7 @@ async fn oversized_and_malformed_requests_get_the_error_shape() {
 
 #[tokio::test]
 async fn every_documented_route_exists() {
-    let api = api();
+    let api = api().await;
     let (status, doc) = send(&api, "GET", "/openapi.json", None, "", vec![]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(doc["openapi"], "3.1.0");
@@ -454,7 +455,7 @@ async fn every_documented_route_exists() {
 
 #[tokio::test]
 async fn an_http_tool_installs_from_json() {
-    let api = api();
+    let api = api().await;
     let def = |url: &str| {
         json!({
             "spec": {"name": "status", "description": "Service status.",
@@ -513,7 +514,7 @@ async fn an_http_tool_installs_from_json() {
 /// A tenant sees what it keeps on disk against each quota, and only its own.
 #[tokio::test]
 async fn usage_shows_each_quota_and_what_counts_against_it() {
-    let api = api();
+    let api = api().await;
     api.host.install("acme", plugin("probe")).await.unwrap();
     let (status, _) = post_json(
         &api,
@@ -537,7 +538,7 @@ async fn usage_shows_each_quota_and_what_counts_against_it() {
 
 #[tokio::test]
 async fn approvals_policy_and_metrics_over_http() {
-    let api = api();
+    let api = api().await;
     let mut guarded = ToolSpec::new("wire_money", "Moves money.", json!({"type": "object"}));
     guarded.needs_approval = true;
     api.host
@@ -545,7 +546,7 @@ async fn approvals_policy_and_metrics_over_http() {
         .register(guarded, |_, _, _| async { Ok(json!("wired")) })
         .unwrap();
     let policy = serde_json::from_value(json!({"calls_per_minute": 600, "deny": ["admin_*"]}));
-    api.host.set_policy("acme", policy.unwrap()).unwrap();
+    api.host.set_policy("acme", policy.unwrap()).await.unwrap();
     let (status, body) = get(&api, "/v1/policy", &api.acme).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, json!({"calls_per_minute": 600, "deny": ["admin_*"]}));
@@ -610,7 +611,7 @@ async fn approvals_policy_and_metrics_over_http() {
 
 #[tokio::test]
 async fn export_follows_each_formats_rules_and_hides_private_tools() {
-    let api = api();
+    let api = api().await;
     install(&api, &api.acme, "unit_convert").await;
     let mut private = ToolSpec::new("internal_audit", "Host only.", json!({"type": "object"}));
     private.private = true;
@@ -674,7 +675,7 @@ async fn http(addr: std::net::SocketAddr, request: String) -> std::io::Result<(u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_running_calls_finish_and_refuses_new_ones() {
-    let api = api();
+    let api = api().await;
     api.host.install("acme", plugin("probe")).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -883,7 +884,7 @@ async fn serve_with(
         ..Default::default()
     };
     let server = tokio::spawn(toolhost_server::serve(
-        api().host,
+        api().await.host,
         listener,
         options,
         std::future::pending(),
@@ -1009,13 +1010,13 @@ async fn at_the_connection_cap_the_busiest_address_makes_room_for_a_new_client()
 #[tokio::test]
 async fn each_key_role_reaches_exactly_its_routes() {
     use toolhost::Role;
-    let api = api();
-    let key = |role| api.host.create_key("acme", role).unwrap().secret;
+    let api = api().await;
+    let key = async |role| api.host.create_key("acme", role).await.unwrap().secret;
     let (agent, developer, approver, admin) = (
-        key(Role::Agent),
-        key(Role::Developer),
-        key(Role::Approver),
-        key(Role::Admin),
+        key(Role::Agent).await,
+        key(Role::Developer).await,
+        key(Role::Approver).await,
+        key(Role::Admin).await,
     );
     let http_tool = |name: &str, extra: Value| {
         let mut spec = json!({"name": name, "description": "A test tool.",
@@ -1095,7 +1096,7 @@ async fn each_key_role_reaches_exactly_its_routes() {
 /// server's own origin pass.
 #[tokio::test]
 async fn mcp_refuses_requests_from_other_origins() {
-    let api = api();
+    let api = api().await;
     let options = toolhost_server::ServerOptions {
         allowed_origins: vec!["https://console.example.com".into()],
         ..Default::default()
@@ -1134,7 +1135,7 @@ async fn mcp_refuses_requests_from_other_origins() {
 /// only its share, the server only so many, and a session ended by its client frees its place.
 #[tokio::test]
 async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
-    let api = api();
+    let api = api().await;
     let options = toolhost_server::ServerOptions {
         mcp_sessions: toolhost_server::sessions::SessionLimits {
             max_sessions: 3,
@@ -1173,7 +1174,7 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
 #[tokio::test]
 async fn every_keyed_route_checks_the_role_it_needs() {
     use toolhost::{Access, Role};
-    let api = api();
+    let api = api().await;
     let needs: std::collections::BTreeMap<(&str, &str), Access> = [
         (("GET", "/v1/tools"), Access::Read),
         (("POST", "/v1/tools"), Access::Manage),
@@ -1216,7 +1217,7 @@ async fn every_keyed_route_checks_the_role_it_needs() {
     assert_eq!(keyed, expected, "the table must cover every keyed route");
 
     for role in [Role::Agent, Role::Developer, Role::Approver, Role::Admin] {
-        let key = api.host.create_key("acme", role).unwrap().secret;
+        let key = api.host.create_key("acme", role).await.unwrap().secret;
         for ((method, path), access) in &needs {
             let uri = path
                 .replace("{name}", "nothing")
@@ -1246,7 +1247,7 @@ async fn every_keyed_route_checks_the_role_it_needs() {
 /// reaches the tool.
 #[tokio::test]
 async fn malformed_tools_call_params_are_invalid_params() {
-    let api = api();
+    let api = api().await;
     api.host
         .install("acme", crate::plugins::plugin("text_stats"))
         .await
@@ -1331,10 +1332,11 @@ async fn mcp_send(
 /// again, and another tenant's configuration is out of reach.
 #[tokio::test]
 async fn developers_set_their_tenants_configuration_over_http() {
-    let api = api();
+    let api = api().await;
     let developer = api
         .host
         .create_key("acme", toolhost::Role::Developer)
+        .await
         .unwrap()
         .secret;
     let put = async |key: &str, body: Value| {
@@ -1400,6 +1402,7 @@ async fn every_operation_answers_as_the_openapi_document_says() {
             data_dir: Some(data.path().to_owned()),
             ..crate::plugins::config()
         })
+        .await
         .unwrap(),
     );
     for name in ["text_stats", "unit_convert"] {

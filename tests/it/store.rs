@@ -44,7 +44,7 @@ async fn reinstalling_makes_versions_and_rollback_restores_one() {
     let dir = tempfile::tempdir().unwrap();
     let (v1_sha, v2_sha);
     {
-        let host = Host::open(persistent(dir.path())).unwrap();
+        let host = Host::open(persistent(dir.path())).await.unwrap();
         host.install("acme", plugin("unit_convert")).await.unwrap();
         v1_sha = version_of(&host, "acme", "convert_units").1;
         host.install("acme", variant("unit_convert", "v2"))
@@ -55,11 +55,14 @@ async fn reinstalling_makes_versions_and_rollback_restores_one() {
         assert_ne!(sha, v1_sha);
         v2_sha = sha;
 
-        let entry = host.versions("acme", "convert_units").unwrap();
+        let entry = host.versions("acme", "convert_units").await.unwrap();
         let numbers: Vec<u32> = entry.versions.iter().map(|v| v.version).collect();
         assert_eq!((numbers, entry.current), (vec![1, 2], 2));
 
-        assert_eq!(host.rollback("acme", "convert_units", None).unwrap(), 1);
+        assert_eq!(
+            host.rollback("acme", "convert_units", None).await.unwrap(),
+            1
+        );
         assert_eq!(
             version_of(&host, "acme", "convert_units"),
             (1, v1_sha.clone())
@@ -74,18 +77,23 @@ async fn reinstalling_makes_versions_and_rollback_restores_one() {
         assert_eq!(out.result.unwrap()["value"], json!(1000.0));
 
         assert!(matches!(
-            host.rollback("acme", "convert_units", None),
+            host.rollback("acme", "convert_units", None).await,
             Err(ManageError::NoEarlierVersion(_))
         ));
         assert!(matches!(
-            host.rollback("acme", "convert_units", Some(9)),
+            host.rollback("acme", "convert_units", Some(9)).await,
             Err(ManageError::NoSuchVersion { version: 9, .. })
         ));
     }
     // The rollback survives a restart; the next install is version 3.
-    let host = Host::open(persistent(dir.path())).unwrap();
+    let host = Host::open(persistent(dir.path())).await.unwrap();
     assert_eq!(version_of(&host, "acme", "convert_units"), (1, v1_sha));
-    assert_eq!(host.rollback("acme", "convert_units", Some(2)).unwrap(), 2);
+    assert_eq!(
+        host.rollback("acme", "convert_units", Some(2))
+            .await
+            .unwrap(),
+        2
+    );
     assert_eq!(version_of(&host, "acme", "convert_units"), (2, v2_sha));
     host.install("acme", variant("unit_convert", "v3"))
         .await
@@ -95,7 +103,7 @@ async fn reinstalling_makes_versions_and_rollback_restores_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_in_flight_finish_on_the_version_they_started_with() {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     host.install("acme", plugin("probe")).await.unwrap();
     let started = crate::plugins::next_call_started(&host);
     let running = {
@@ -104,7 +112,7 @@ async fn calls_in_flight_finish_on_the_version_they_started_with() {
     };
     started.await.unwrap();
     host.install("acme", variant("probe", "v2")).await.unwrap();
-    assert!(host.remove("acme", "busy").unwrap());
+    assert!(host.remove("acme", "busy").await.unwrap());
     let out = running.await.unwrap();
     assert_eq!(out.result, Ok(json!("done")), "{:?}", out.result);
     let gone = call(&host, "acme", "busy", json!({"ms": 1})).await;
@@ -115,7 +123,7 @@ async fn calls_in_flight_finish_on_the_version_they_started_with() {
 async fn the_result_cache_answers_without_running_the_tool() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let host = Host::open(persistent(dir.path())).unwrap();
+        let host = Host::open(persistent(dir.path())).await.unwrap();
         host.install("acme", plugin("probe")).await.unwrap();
         let first = call(&host, "acme", "count_cached", json!({"key": "a"})).await;
         assert_eq!(
@@ -140,7 +148,7 @@ async fn the_result_cache_answers_without_running_the_tool() {
             Ok(json!(2))
         );
     }
-    let host = Host::open(persistent(dir.path())).unwrap();
+    let host = Host::open(persistent(dir.path())).await.unwrap();
     let after_restart = call(&host, "acme", "count_cached", json!({"key": "a"})).await;
     assert!(after_restart.cache_hit, "cached results persist");
     // Another tenant never sees acme's cached result.
@@ -156,7 +164,7 @@ async fn the_result_cache_answers_without_running_the_tool() {
     );
     // Removed and installed again from other bytes, the tool is at version 1 again, as the
     // first one was: it still never answers with the first one's results.
-    assert!(host.remove("acme", "count_cached").unwrap());
+    assert!(host.remove("acme", "count_cached").await.unwrap());
     host.install("acme", variant("probe", "v3")).await.unwrap();
     assert_eq!(version_of(&host, "acme", "count_cached").0, 1);
     let reinstalled = call(&host, "acme", "count_cached", json!({"key": "a"})).await;
@@ -167,7 +175,7 @@ async fn the_result_cache_answers_without_running_the_tool() {
 async fn kv_persists_per_tenant_and_tool_with_quotas() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let host = Host::open(persistent(dir.path())).unwrap();
+        let host = Host::open(persistent(dir.path())).await.unwrap();
         for tenant in ["acme", "globex"] {
             host.install(tenant, plugin("probe")).await.unwrap();
         }
@@ -188,7 +196,7 @@ async fn kv_persists_per_tenant_and_tool_with_quotas() {
         );
         // The tenant's data quota spans its tools' keys and values.
         let policy = serde_json::from_value(json!({"data_quota_bytes": 2000})).unwrap();
-        host.set_policy("globex", policy).unwrap();
+        host.set_policy("globex", policy).await.unwrap();
         let flood = call(&host, "globex", "kv_flood", json!({}))
             .await
             .result
@@ -203,10 +211,10 @@ async fn kv_persists_per_tenant_and_tool_with_quotas() {
             "{flood}"
         );
     }
-    let host = Host::open(persistent(dir.path())).unwrap();
+    let host = Host::open(persistent(dir.path())).await.unwrap();
     let out = call(&host, "acme", "count", json!({"key": "visits"})).await;
     assert_eq!(out.result, Ok(json!(4)), "KV survives a restart");
-    let held = host.store().data_bytes("globex").unwrap();
+    let held = host.store().data_bytes("globex").await.unwrap();
     assert!(
         (1900..=2000).contains(&held),
         "the count survives too: {held}"
@@ -230,23 +238,26 @@ async fn components_of_removed_tools_are_collected_as_the_host_opens() {
                   parameters: { type: 'object' } };\n\
                   export default function (args) { return args; }\n";
     {
-        let host = Host::open(with_js()).unwrap();
+        let host = Host::open(with_js()).await.unwrap();
         host.install("acme", stats.clone()).await.unwrap();
         host.install("acme", convert.clone()).await.unwrap();
         host.install_js("acme", source).await.unwrap();
         for tool in ["text_stats", "word_frequency"] {
-            assert!(host.remove("acme", tool).unwrap());
+            assert!(host.remove("acme", tool).await.unwrap());
         }
-        let kept = host.store().blob(&sha(&stats)).unwrap();
+        let kept = host.store().blob(&sha(&stats)).await.unwrap();
         assert!(kept.is_some(), "collected only as a host opens");
     }
     {
-        let host = Host::open(persistent(dir.path())).unwrap();
+        let host = Host::open(persistent(dir.path())).await.unwrap();
         let store = host.store();
-        assert!(store.blob(&sha(&stats)).unwrap().is_none(), "collected");
-        assert!(store.blob(&sha(&convert)).unwrap().is_some());
         assert!(
-            store.blob(&runtime).unwrap().is_some(),
+            store.blob(&sha(&stats)).await.unwrap().is_none(),
+            "collected"
+        );
+        assert!(store.blob(&sha(&convert)).await.unwrap().is_some());
+        assert!(
+            store.blob(&runtime).await.unwrap().is_some(),
             "a JS tool runs on it"
         );
     }
@@ -258,7 +269,7 @@ async fn components_of_removed_tools_are_collected_as_the_host_opens() {
             .any(|(key, _)| key.starts_with(prefix.as_bytes()))
     };
     assert!(!of(&stats) && of(&convert), "artifacts go with their blob");
-    let host = Host::open(with_js()).unwrap();
+    let host = Host::open(with_js()).await.unwrap();
     let echoed = call(&host, "acme", "js_echo", json!({"a": 1})).await;
     assert_eq!(echoed.result, Ok(json!({"a": 1})));
 }
@@ -269,7 +280,7 @@ async fn components_of_removed_tools_are_collected_as_the_host_opens() {
 #[tokio::test]
 async fn rewriting_a_kv_key_does_not_grow_the_data_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let host = Host::open(persistent(dir.path())).unwrap();
+    let host = Host::open(persistent(dir.path())).await.unwrap();
     host.install("acme", plugin("probe")).await.unwrap();
     let file = dir.path().join(toolhost_store::STORE_FILE);
     let rewrite = async |times: u32| {
@@ -287,13 +298,15 @@ async fn rewriting_a_kv_key_does_not_grow_the_data_directory() {
 
 #[tokio::test]
 async fn secrets_reach_only_declaring_tools_and_never_their_logs_or_errors() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     for tenant in ["acme", "globex"] {
         host.install(tenant, plugin("probe")).await.unwrap();
     }
     host.set_config("acme", "API_TOKEN", "tok-8c1f2e", true)
+        .await
         .unwrap();
     host.set_config("acme", "REGION", "eu-north", false)
+        .await
         .unwrap();
 
     let out = call(&host, "acme", "secret_leak", json!({})).await;
@@ -307,7 +320,7 @@ async fn secrets_reach_only_declaring_tools_and_never_their_logs_or_errors() {
     assert_eq!(out.log.stderr.trim(), "stderr token=[redacted]");
     assert_eq!(out.log.stdout.trim(), "stdout token=[redacted]");
 
-    let listed = host.config("acme").unwrap();
+    let listed = host.config("acme").await.unwrap();
     assert_eq!(
         listed,
         vec![
@@ -332,14 +345,14 @@ async fn secrets_reach_only_declaring_tools_and_never_their_logs_or_errors() {
         "{message}"
     );
     assert!(matches!(
-        host.set_config("acme", "bad key", "v", false),
+        host.set_config("acme", "bad key", "v", false).await,
         Err(ManageError::ConfigKey(_))
     ));
 }
 
 #[tokio::test]
 async fn one_tenant_cannot_reach_anothers_tools_through_any_api() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     host.install("acme", plugin("probe")).await.unwrap();
     let (version, sha) = version_of(&host, "acme", "count");
     assert!(host.list("globex").is_empty());
@@ -351,28 +364,28 @@ async fn one_tenant_cannot_reach_anothers_tools_through_any_api() {
         "not_found"
     );
     assert!(matches!(
-        host.versions("globex", "count"),
+        host.versions("globex", "count").await,
         Err(ManageError::NotFound(_))
     ));
     assert!(matches!(
-        host.rollback("globex", "count", Some(1)),
+        host.rollback("globex", "count", Some(1)).await,
         Err(ManageError::NotFound(_))
     ));
-    assert!(!host.remove("globex", "count").unwrap());
+    assert!(!host.remove("globex", "count").await.unwrap());
     // globex installing the same component makes globex's own tool; acme's is untouched.
     host.install("globex", variant("probe", "globex"))
         .await
         .unwrap();
     assert_eq!(version_of(&host, "acme", "count"), (version, sha));
     assert_eq!(version_of(&host, "globex", "count").0, 1);
-    assert!(host.remove("globex", "count").unwrap());
+    assert!(host.remove("globex", "count").await.unwrap());
     assert!(host.describe("acme", "count").is_some());
-    assert!(host.config("globex").unwrap().is_empty());
+    assert!(host.config("globex").await.unwrap().is_empty());
 }
 
 #[tokio::test]
 async fn names_that_differ_only_in_case_are_refused() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     let schema = json!({"type": "object"});
     host.natives()
         .register(
@@ -398,6 +411,7 @@ async fn loaded_components_stay_under_the_cap() {
         max_loaded_components: 1,
         ..crate::plugins::config()
     })
+    .await
     .unwrap();
     host.install("acme", plugin("unit_convert")).await.unwrap();
     host.install("acme", plugin("json_query")).await.unwrap();
@@ -422,10 +436,11 @@ async fn loaded_components_stay_under_the_cap() {
     }
 }
 
-#[test]
-fn a_data_directory_that_cannot_be_used_gets_a_clear_error() {
+#[tokio::test]
+async fn a_data_directory_that_cannot_be_used_gets_a_clear_error() {
     let file = tempfile::NamedTempFile::new().unwrap();
     let error = Host::open(persistent(&file.path().join("data")))
+        .await
         .err()
         .expect("not a directory");
     let message = error.to_string();
@@ -439,8 +454,11 @@ fn a_data_directory_that_cannot_be_used_gets_a_clear_error() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    let _first = Host::open(persistent(dir.path())).unwrap();
-    let second = Host::open(persistent(dir.path())).err().expect("locked");
+    let _first = Host::open(persistent(dir.path())).await.unwrap();
+    let second = Host::open(persistent(dir.path()))
+        .await
+        .err()
+        .expect("locked");
     assert!(
         second
             .to_string()
@@ -475,7 +493,7 @@ fn tamper_with_artifacts(dir: &std::path::Path, edit: impl FnOnce(&mut redb::Tab
 async fn a_damaged_artifact_is_recompiled_never_trusted() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let host = Host::open(persistent(dir.path())).unwrap();
+        let host = Host::open(persistent(dir.path())).await.unwrap();
         host.install("acme", plugin("unit_convert")).await.unwrap();
     }
     let (key, mut damaged) = artifacts(dir.path()).remove(0);
@@ -485,7 +503,7 @@ async fn a_damaged_artifact_is_recompiled_never_trusted() {
         table.insert(&key[..], &damaged[..]).unwrap();
     });
     {
-        let host = Host::open(persistent(dir.path())).unwrap();
+        let host = Host::open(persistent(dir.path())).await.unwrap();
         let out = call(
             &host,
             "acme",
@@ -572,7 +590,7 @@ fn the_cli_lists_versions_rolls_back_and_keeps_secrets_secret() {
 async fn a_read_only_data_directory_gets_a_clear_error_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let host = Host::open(persistent(dir.path())).unwrap();
+        let host = Host::open(persistent(dir.path())).await.unwrap();
         host.install("acme", plugin("unit_convert")).await.unwrap();
     }
     // Root ignores permission bits, not the immutable flag. Cleared again even on panic.
@@ -596,7 +614,7 @@ async fn a_read_only_data_directory_gets_a_clear_error_and_loses_nothing() {
         set.is_ok_and(|s| s.success()),
         "chattr +i failed: this test needs a filesystem with immutable files (ext4 here)"
     );
-    let refused = Host::open(persistent(dir.path()));
+    let refused = Host::open(persistent(dir.path())).await;
     drop(guard);
     let message = refused
         .err()
@@ -607,7 +625,7 @@ async fn a_read_only_data_directory_gets_a_clear_error_and_loses_nothing() {
         "{message}"
     );
 
-    let host = Host::open(persistent(dir.path())).unwrap();
+    let host = Host::open(persistent(dir.path())).await.unwrap();
     let out = call(
         &host,
         "acme",
@@ -622,9 +640,9 @@ async fn a_read_only_data_directory_gets_a_clear_error_and_loses_nothing() {
     );
 }
 
-#[test]
-fn an_invalid_cache_key_path_is_rejected_naming_the_field() {
-    let host = Host::open(crate::plugins::config()).unwrap();
+#[tokio::test]
+async fn an_invalid_cache_key_path_is_rejected_naming_the_field() {
+    let host = Host::open(crate::plugins::config()).await.unwrap();
     let mut spec = ToolSpec::new("lookup", "Looks up.", json!({"type": "object"}));
     spec.cache = Some(toolhost::CachePolicy {
         ttl_ms: 1000,
@@ -644,7 +662,7 @@ fn an_invalid_cache_key_path_is_rejected_naming_the_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_installs_of_one_tool_each_get_their_own_version() {
-    let host = Arc::new(Host::open(crate::plugins::config()).unwrap());
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
     host.install("acme", plugin("unit_convert")).await.unwrap(); // compiled once
     let installs: Vec<_> = (0..8)
         .map(|i| {
@@ -660,6 +678,7 @@ async fn concurrent_installs_of_one_tool_each_get_their_own_version() {
     }
     let versions: Vec<u32> = host
         .versions("acme", "convert_units")
+        .await
         .unwrap()
         .versions
         .iter()
@@ -676,7 +695,7 @@ async fn a_store_cannot_hand_the_host_code_to_run() {
     let dir = tempfile::tempdir().unwrap();
     let (convert, stats) = (plugin("unit_convert"), plugin("text_stats"));
     {
-        let host = Host::open(persistent(dir.path())).unwrap();
+        let host = Host::open(persistent(dir.path())).await.unwrap();
         host.install("acme", convert.clone()).await.unwrap();
         host.install("acme", stats.clone()).await.unwrap();
     }
@@ -693,7 +712,7 @@ async fn a_store_cannot_hand_the_host_code_to_run() {
     tamper_with_artifacts(dir.path(), |table| {
         table.insert(&convert_key[..], &stats_artifact[..]).unwrap();
     });
-    let host = Host::open(persistent(dir.path())).unwrap();
+    let host = Host::open(persistent(dir.path())).await.unwrap();
     let args = json!({"value": 3, "from": "ft", "to": "in"});
     let out = call(&host, "acme", "convert_units", args).await;
     assert_eq!(
@@ -714,22 +733,26 @@ async fn a_store_cannot_hand_the_host_code_to_run() {
 async fn secrets_are_sealed_at_rest_with_the_operators_key() {
     let dir = tempfile::tempdir().unwrap();
     let key = toolhost::SecretsKey::new([42; 32]);
-    let open = |key: Option<toolhost::SecretsKey>| {
+    let open = async |key: Option<toolhost::SecretsKey>| {
         Host::open(HostConfig {
             secrets_key: key,
             ..persistent(dir.path())
         })
+        .await
         .unwrap()
     };
     async fn leak(host: &Host) -> Result<Value, toolhost::CallError> {
         call(host, "acme", "secret_leak", json!({})).await.result
     }
     {
-        let host = open(Some(key.clone()));
+        let host = open(Some(key.clone())).await;
         host.install("acme", plugin("probe")).await.unwrap();
         host.set_config("acme", "API_TOKEN", "tok-7f3a9c21", true)
+            .await
             .unwrap();
-        host.set_config("acme", "REGION", "eu", false).unwrap();
+        host.set_config("acme", "REGION", "eu", false)
+            .await
+            .unwrap();
         let read = leak(&host).await.unwrap_err().to_string();
         assert!(
             read.contains("[redacted] in eu"),
@@ -751,8 +774,8 @@ async fn secrets_are_sealed_at_rest_with_the_operators_key() {
     }
     assert!(!found, "the secret is in the data directory's files");
     {
-        let host = open(None);
-        let listed = host.config("acme").unwrap();
+        let host = open(None).await;
+        let listed = host.config("acme").await.unwrap();
         assert!(listed.contains(&("API_TOKEN".into(), None)), "{listed:?}");
         let unread = leak(&host).await.unwrap_err().to_string();
         assert!(
@@ -760,7 +783,7 @@ async fn secrets_are_sealed_at_rest_with_the_operators_key() {
             "without the key it cannot be read: {unread}"
         );
     }
-    let host = open(Some(key));
+    let host = open(Some(key)).await;
     let read = leak(&host).await.unwrap_err().to_string();
     assert!(read.contains("[redacted] in eu"), "{read}");
 }

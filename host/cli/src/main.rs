@@ -22,6 +22,12 @@ struct Cli {
     /// Where installed tools are kept [default: $XDG_DATA_HOME/toolhost or ~/.local/share/toolhost]
     #[arg(long, env = "TOOLHOST_DATA_DIR", global = true)]
     data_dir: Option<PathBuf>,
+    /// Keep tenants, tools, keys, policies and data in this PostgreSQL database
+    /// (`postgres://user@host:port/db`), which many `toolhost serve` nodes share; the data
+    /// directory then keeps only this node's compiled artifacts and granted files
+    /// [default: the data directory]
+    #[arg(long, env = "TOOLHOST_STORE", global = true)]
+    store: Option<String>,
     /// The tenant to act for.
     #[arg(
         long,
@@ -375,13 +381,28 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         ),
         None => None,
     };
+    let database = match &cli.store {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Some(toolhost::PgOptions::new(url))
+        }
+        Some(other) => {
+            return Err(usage(format!(
+                "--store {other}: a store is a PostgreSQL URL, postgres://user@host:port/database"
+            )));
+        }
+        None => None,
+    };
+    // A node of a cluster keeps its compiled artifacts on its own disk.
+    let artifact_dir = (cli.artifact_dir.clone())
+        .or_else(|| database.as_ref().map(|_| data_dir.join("artifacts")));
     let host = Host::open(HostConfig {
         data_dir: Some(data_dir.clone()),
+        database,
         js_runtime,
         egress: toolhost::egress::EgressConfig {
             allow_private: cli.allow_private,
         },
-        artifact_dir: cli.artifact_dir.clone(),
+        artifact_dir,
         sandbox: toolhost::SandboxConfig {
             cpu_turns: cli
                 .cpu_turns
@@ -393,7 +414,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             None => None,
         },
         ..HostConfig::default()
-    });
+    })
+    .await;
     let host = match (host, admin) {
         // A running server owns the data directory: it runs the command for us.
         (Err(OpenError::Store(StoreError::Locked { .. })), Some(command)) => {
@@ -473,7 +495,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Versions { tool } => {
-            let entry = host.versions(&tenant, &tool).map_err(manage_error)?;
+            let entry = host.versions(&tenant, &tool).await.map_err(manage_error)?;
             for v in entry.versions.iter().rev() {
                 let mark = if v.version == entry.current { "*" } else { " " };
                 let sha = &v.component[..12];
@@ -485,7 +507,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Rollback { tool, to } => {
-            let version = host.rollback(&tenant, &tool, to).map_err(manage_error)?;
+            let version = host
+                .rollback(&tenant, &tool, to)
+                .await
+                .map_err(manage_error)?;
             println!("{tool} is now at version {version}");
         }
         Command::Serve {

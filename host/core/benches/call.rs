@@ -104,7 +104,7 @@ fn throughput(wasm: &[u8], args: &Value, workers: usize, sandbox_only: bool) -> 
         .build()
         .unwrap();
     runtime.block_on(async {
-        let host = Host::open(HostConfig::default()).unwrap();
+        let host = Host::open(HostConfig::default()).await.unwrap();
         host.install("bench", wasm.to_vec()).await.unwrap();
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let caller = Throughput {
@@ -183,7 +183,7 @@ async fn run() {
     let args = json!({"text": "The quick brown fox jumps over the lazy dog. Twice!"});
     let caller = Caller::tenant("bench");
 
-    let host = Host::open(HostConfig::default()).unwrap();
+    let host = Host::open(HostConfig::default()).await.unwrap();
     host.install("bench", wasm.clone()).await.unwrap();
     let schema = host
         .describe("bench", "text_stats")
@@ -270,13 +270,13 @@ async fn first_call(wasm: &[u8], args: &Value) {
             ..HostConfig::default()
         };
         {
-            let host = Host::open(config.clone()).unwrap();
+            let host = Host::open(config.clone()).await.unwrap();
             let start = Instant::now();
             host.install("bench", wasm.to_vec()).await.unwrap();
             install.push(start.elapsed());
         }
         let start = Instant::now();
-        let host = Host::open(config).unwrap();
+        let host = Host::open(config).await.unwrap();
         open.push(start.elapsed());
         let start = Instant::now();
         let out = host.call(&caller, "text_stats", args.clone()).await;

@@ -71,6 +71,7 @@ async fn populate(dir: &Path) {
         data_dir: Some(dir.to_owned()),
         ..HostConfig::default()
     })
+    .await
     .unwrap();
     let shared = ["json_query", "unit_convert", "probe"].map(plugins::plugin);
     let text_stats = plugins::plugin("text_stats");
@@ -102,6 +103,7 @@ async fn measure(dir: &Path, cap: usize) {
         store_cache_bytes: if cap > TENANTS { 1 << 30 } else { 16 << 20 },
         ..HostConfig::default()
     })
+    .await
     .unwrap();
     let open_ms = start.elapsed().as_secs_f64() * 1e3;
     let label = if cap > TENANTS {

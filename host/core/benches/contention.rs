@@ -46,6 +46,7 @@ async fn run() {
             artifact_dir: Some(plugins::artifact_dir().to_owned()),
             ..HostConfig::default()
         })
+        .await
         .unwrap(),
     );
     host.install("globex", plugins::plugin("text_stats"))

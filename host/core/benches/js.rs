@@ -69,7 +69,7 @@ async fn run() {
     };
 
     // The runtime compiles once per host (its artifact is then stored, like any component's).
-    let host = Host::open(config()).unwrap();
+    let host = Host::open(config()).await.unwrap();
     let start = Instant::now();
     host.install_js("bench", &text_stats_js("text_stats_js"))
         .await
@@ -137,10 +137,10 @@ async fn run() {
         ..HostConfig::default()
     };
     {
-        let host = Host::open(stored()).unwrap();
+        let host = Host::open(stored()).await.unwrap();
         host.install("bench", js_component.clone()).await.unwrap();
     }
-    let host = Host::open(stored()).unwrap();
+    let host = Host::open(stored()).await.unwrap();
     let start = Instant::now();
     let out = host
         .call(&caller, "js_component_word_count", words.clone())
@@ -150,7 +150,7 @@ async fn run() {
     // The peer: a Rust component, compiled on upload; a fresh host each time so nothing is cached.
     let mut rust_uploads = Vec::new();
     for _ in 0..5 {
-        let host = Host::open(HostConfig::default()).unwrap();
+        let host = Host::open(HostConfig::default()).await.unwrap();
         let start = Instant::now();
         host.install("bench", wasm.clone()).await.unwrap();
         let out = host.call(&caller, "text_stats", args.clone()).await;

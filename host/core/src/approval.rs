@@ -55,48 +55,67 @@ fn expired(held: &HeldCall, now_ms: u64) -> bool {
 
 pub(crate) struct Approvals {
     store: Arc<dyn Store>,
-    /// By call id; the same as the store's records, read once at start.
+    /// By call id; the same as the store's records, read at start and again when another
+    /// node holds or decides one.
     pending: Mutex<HashMap<String, HeldCall>>,
+    /// One hold or decision at a time, so the per-tenant count holds.
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl Approvals {
     /// The calls the store holds, less those that expired while the host was down.
-    pub fn load(store: Arc<dyn Store>) -> Result<Self, StoreError> {
+    pub async fn load(store: Arc<dyn Store>) -> Result<Self, StoreError> {
+        let approvals = Approvals {
+            store,
+            pending: Mutex::default(),
+            writing: tokio::sync::Mutex::new(()),
+        };
+        approvals.reload().await?;
+        Ok(approvals)
+    }
+
+    /// Reads the held calls again (another node held or decided one).
+    pub async fn reload(&self) -> Result<(), StoreError> {
+        let _writing = self.writing.lock().await;
         let now = now_ms();
         let mut pending = HashMap::new();
-        for (call_id, held) in store.held_calls()? {
+        for (call_id, held) in self.store.held_calls().await? {
             if expired(&held, now) {
-                store.held_call_remove(&call_id)?;
+                self.store.held_call_remove(&call_id).await?;
             } else {
                 pending.insert(call_id, held);
             }
         }
-        Ok(Approvals {
-            store,
-            pending: Mutex::new(pending),
-        })
+        *self.lock() = pending;
+        Ok(())
     }
 
-    pub fn hold(
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HeldCall>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub async fn hold(
         &self,
         call_id: &str,
         caller: &Caller,
         tool: &str,
         args: Value,
     ) -> Result<(), ApprovalError> {
+        let _writing = self.writing.lock().await;
         let now = now_ms();
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let expired: Vec<String> = pending
+        let expired: Vec<String> = self
+            .lock()
             .iter()
             .filter(|(_, held)| expired(held, now))
             .map(|(id, _)| id.clone())
             .collect();
         for id in expired {
             // Dropped from memory only once the store has let go, so the two stay the same.
-            self.store.held_call_remove(&id)?;
-            pending.remove(&id);
+            self.store.held_call_remove(&id).await?;
+            self.lock().remove(&id);
         }
-        let of_tenant = pending
+        let of_tenant = self
+            .lock()
             .values()
             .filter(|held| held.caller.tenant == caller.tenant)
             .count();
@@ -109,30 +128,31 @@ impl Approvals {
             args,
             held_at_ms: now,
         };
-        self.store.held_call_put(call_id, &held)?;
-        pending.insert(call_id.to_owned(), held);
+        self.store.held_call_put(call_id, &held).await?;
+        self.lock().insert(call_id.to_owned(), held);
         Ok(())
     }
 
-    /// Removes the call, so that it is decided at most once, also across a restart.
-    pub fn take(&self, tenant: &str, call_id: &str) -> Result<HeldCall, ApprovalError> {
+    /// Removes the call, so that it is decided at most once, also across a restart and
+    /// across nodes: only the caller whose removal took it from the store gets it.
+    pub async fn take(&self, tenant: &str, call_id: &str) -> Result<HeldCall, ApprovalError> {
+        let _writing = self.writing.lock().await;
         let now = now_ms();
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let owned = pending
+        let held = self
+            .lock()
             .get(call_id)
-            .is_some_and(|held| held.caller.tenant == tenant && !expired(held, now));
-        if !owned {
-            return Err(ApprovalError::NotPending(call_id.to_owned()));
-        }
-        self.store.held_call_remove(call_id)?;
-        pending
-            .remove(call_id)
-            .ok_or_else(|| ApprovalError::NotPending(call_id.to_owned()))
+            .filter(|held| held.caller.tenant == tenant && !expired(held, now))
+            .cloned();
+        let not_pending = || ApprovalError::NotPending(call_id.to_owned());
+        let held = held.ok_or_else(not_pending)?;
+        let taken = self.store.held_call_remove(call_id).await?;
+        self.lock().remove(call_id);
+        taken.then_some(held).ok_or_else(not_pending)
     }
 
     pub fn list(&self, tenant: &str) -> Vec<PendingCall> {
         let now = now_ms();
-        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = self.lock();
         let mut calls: Vec<PendingCall> = pending
             .iter()
             .filter(|(_, held)| held.caller.tenant == tenant && !expired(held, now))
@@ -177,8 +197,8 @@ mod tests {
         assert!(expired(&held, 0), "the clock at the epoch: no overflow");
     }
 
-    #[test]
-    fn calls_that_expired_while_the_host_was_down_are_dropped_at_load() {
+    #[tokio::test]
+    async fn calls_that_expired_while_the_host_was_down_are_dropped_at_load() {
         let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
         let held = |age: Duration| HeldCall {
             caller: Caller::tenant("acme"),
@@ -188,11 +208,13 @@ mod tests {
         };
         store
             .held_call_put("old", &held(PENDING_TTL + Duration::from_secs(1)))
+            .await
             .unwrap();
         store
             .held_call_put("fresh", &held(Duration::from_secs(60)))
+            .await
             .unwrap();
-        let approvals = Approvals::load(store.clone()).unwrap();
+        let approvals = Approvals::load(store.clone()).await.unwrap();
         let listed: Vec<String> = approvals
             .list("acme")
             .into_iter()
@@ -201,6 +223,7 @@ mod tests {
         assert_eq!(listed, ["fresh"]);
         let stored: Vec<String> = store
             .held_calls()
+            .await
             .unwrap()
             .into_iter()
             .map(|(id, _)| id)
@@ -211,7 +234,7 @@ mod tests {
             "the expired record is gone from the store too"
         );
         assert!(matches!(
-            approvals.take("acme", "old"),
+            approvals.take("acme", "old").await,
             Err(ApprovalError::NotPending(_))
         ));
     }

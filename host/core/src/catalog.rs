@@ -3,8 +3,8 @@
 //! are kept in memory, rebuilt from the store at start, beside the app's native tools.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -34,7 +34,7 @@ pub struct JsSource {
 /// and of versions past [`toolhost_store::MAX_VERSIONS_KEPT`]. A JS tool keeps the runtime it
 /// was installed on, and the host keeps the one it runs new JS tools on. Run as the host
 /// opens, before any install can race it.
-fn collect_blobs(
+async fn collect_blobs(
     store: &dyn Store,
     entries: &[ToolEntry],
     js_runtime: Option<&str>,
@@ -42,14 +42,14 @@ fn collect_blobs(
     let mut live: HashSet<String> = js_runtime.map(str::to_owned).into_iter().collect();
     for version in entries.iter().flat_map(|entry| &entry.versions) {
         if version.kind == SourceKind::Js
-            && let Some(blob) = store.blob(&version.component)?
+            && let Some(blob) = store.blob(&version.component).await?
             && let Ok(js) = serde_json::from_slice::<JsSource>(&blob)
         {
             live.insert(js.runtime);
         }
         live.insert(version.component.clone());
     }
-    let collected = store.collect_blobs(&|sha| live.contains(sha))?;
+    let collected = store.collect_blobs(&|sha| live.contains(sha)).await?;
     if collected > 0 {
         tracing::info!(collected, "blobs no tool refers to any more removed");
     }
@@ -143,9 +143,9 @@ pub(crate) struct Catalog {
     tools: TenantTools,
     store: Arc<dyn Store>,
     components: Arc<Components>,
-    /// Serializes read-modify-write of tool entries (install, rollback, remove), so that two
-    /// installs of one tool cannot both become version N+1. Never held across an `await`.
-    entry_writes: Mutex<()>,
+    /// Serializes this process's read-modify-write of tool entries (install, rollback,
+    /// remove), so that two installs of one tool cannot both become version N+1.
+    entry_writes: tokio::sync::Mutex<()>,
     /// The tenant whose visible tools changed, for subscribers such as MCP sessions.
     changes: tokio::sync::broadcast::Sender<String>,
     /// Bumped on every catalog change, so caches of listings know to rebuild.
@@ -158,7 +158,7 @@ impl Catalog {
     /// Every tenant's tools as stored. A stored tool that no longer passes the rules is
     /// skipped, loudly, rather than refusing to start. The JS runtime new JS tools are
     /// installed on is stored once, like any component, and compiled on first use.
-    pub fn load(
+    pub async fn load(
         store: Arc<dyn Store>,
         components: Arc<Components>,
         js_runtime: Option<&[u8]>,
@@ -166,30 +166,25 @@ impl Catalog {
         let js_runtime = match js_runtime {
             Some(bytes) => {
                 let sha = sha256_hex(bytes);
-                if store.blob(&sha)?.is_none() {
-                    store.put_blob(&sha, bytes)?;
+                if store.blob(&sha).await?.is_none() {
+                    store.put_blob(&sha, bytes).await?;
                 }
                 Some(sha)
             }
             None => None,
         };
-        let entries = store.tool_entries()?;
-        collect_blobs(&*store, &entries, js_runtime.as_deref())?;
+        let entries = store.tool_entries().await?;
+        collect_blobs(&*store, &entries, js_runtime.as_deref()).await?;
         let tools = TenantTools::default();
-        for entry in entries {
-            match tenant_tool(&entry) {
-                Ok(tool) => tools.insert(tool),
-                Err(error) => {
-                    tracing::error!(tenant = entry.tenant, %error, "stored tool no longer valid; not loaded")
-                }
-            }
+        for tool in valid_tools(&entries) {
+            tools.insert(tool);
         }
         Ok(Catalog {
             natives: NativeRegistry::default(),
             tools,
             store,
             components,
-            entry_writes: Mutex::new(()),
+            entry_writes: tokio::sync::Mutex::new(()),
             changes: tokio::sync::broadcast::channel(256).0,
             generation: AtomicU64::new(0),
             js_runtime,
@@ -225,15 +220,17 @@ impl Catalog {
             .result
             .map_err(InstallError::ListTools)?;
         let specs = self.check_defs(tenant, defs)?;
-        let _writing = self.lock_entries();
+        let _writing = self.entry_writes.lock().await;
         let blob = (component.sha.as_str(), component.bytes.len() as u64);
-        let changed = self.plan_versions(tenant, SourceKind::Wasm, &specs, blob, code_quota)?;
-        self.components.keep(component)?;
-        self.commit_versions(tenant, changed)?;
+        let changed = self
+            .plan_versions(tenant, SourceKind::Wasm, &specs, blob, code_quota)
+            .await?;
+        self.components.keep(component).await?;
+        self.commit_versions(tenant, changed).await?;
         Ok(specs)
     }
 
-    pub fn install_http(
+    pub async fn install_http(
         &self,
         tenant: &str,
         def: HttpToolDef,
@@ -244,6 +241,7 @@ impl Catalog {
         self.check_name(tenant, &spec, &[])?;
         let request = serde_json::to_vec(&def.request).expect("a request definition serializes");
         self.add_blob_version(tenant, SourceKind::Http, spec, &request, code_quota)
+            .await
     }
 
     pub async fn install_js(
@@ -282,10 +280,11 @@ impl Catalog {
         };
         let blob = serde_json::to_vec(&stored).expect("a JS source serializes");
         self.add_blob_version(tenant, SourceKind::Js, spec, &blob, code_quota)
+            .await
     }
 
     /// Stores `blob` and makes it the new version of `spec`'s tool.
-    fn add_blob_version(
+    async fn add_blob_version(
         &self,
         tenant: &str,
         kind: SourceKind,
@@ -294,19 +293,20 @@ impl Catalog {
         code_quota: u64,
     ) -> Result<ToolSpec, InstallError> {
         let sha = sha256_hex(blob);
-        let _writing = self.lock_entries();
+        let _writing = self.entry_writes.lock().await;
         let specs = std::slice::from_ref(&spec);
-        let changed =
-            self.plan_versions(tenant, kind, specs, (&sha, blob.len() as u64), code_quota)?;
-        self.store.put_blob(&sha, blob)?;
-        self.commit_versions(tenant, changed)?;
+        let changed = self
+            .plan_versions(tenant, kind, specs, (&sha, blob.len() as u64), code_quota)
+            .await?;
+        self.store.put_blob(&sha, blob).await?;
+        self.commit_versions(tenant, changed).await?;
         Ok(spec)
     }
 
     /// The entries of `specs`' tools, each with a new version implemented by `blob` (sha256,
     /// bytes), unless the tenant's kept versions would then hold more than `code_quota`
     /// bytes of code. The caller holds the entry lock; nothing is stored yet.
-    fn plan_versions(
+    async fn plan_versions(
         &self,
         tenant: &str,
         kind: SourceKind,
@@ -315,7 +315,7 @@ impl Catalog {
         code_quota: u64,
     ) -> Result<Vec<ToolEntry>, InstallError> {
         let installed_at_ms = now_ms();
-        let mut entries = self.store.tool_entries_of(tenant)?;
+        let mut entries = self.store.tool_entries_of(tenant).await?;
         let before = code_bytes(&entries);
         let mut changed = Vec::with_capacity(specs.len());
         for spec in specs {
@@ -344,8 +344,12 @@ impl Catalog {
 
     /// Stores the entries `plan_versions` made, and serves them. The caller holds the entry
     /// lock and has stored their blob.
-    fn commit_versions(&self, tenant: &str, changed: Vec<ToolEntry>) -> Result<(), InstallError> {
-        self.store.put_tool_entries(&changed)?;
+    async fn commit_versions(
+        &self,
+        tenant: &str,
+        changed: Vec<ToolEntry>,
+    ) -> Result<(), InstallError> {
+        self.store.put_tool_entries(&changed).await?;
         for entry in &changed {
             self.tools.insert(tenant_tool(entry)?);
         }
@@ -435,17 +439,23 @@ impl Catalog {
         }
     }
 
-    pub fn versions(&self, tenant: &str, name: &str) -> Result<ToolEntry, ManageError> {
+    pub async fn versions(&self, tenant: &str, name: &str) -> Result<ToolEntry, ManageError> {
         self.store
-            .tool_entries_of(tenant)?
+            .tool_entries_of(tenant)
+            .await?
             .into_iter()
             .find(|e| e.name == name)
             .ok_or_else(|| ManageError::NotFound(name.to_owned()))
     }
 
-    pub fn rollback(&self, tenant: &str, name: &str, to: Option<u32>) -> Result<u32, ManageError> {
-        let _writing = self.lock_entries();
-        let mut entry = self.versions(tenant, name)?;
+    pub async fn rollback(
+        &self,
+        tenant: &str,
+        name: &str,
+        to: Option<u32>,
+    ) -> Result<u32, ManageError> {
+        let _writing = self.entry_writes.lock().await;
+        let mut entry = self.versions(tenant, name).await?;
         let target = match to {
             Some(version) => version,
             None => entry
@@ -466,18 +476,20 @@ impl Catalog {
         }
         entry.current = target;
         let tool = tenant_tool(&entry)?;
-        self.store.put_tool_entries(std::slice::from_ref(&entry))?;
+        self.store
+            .put_tool_entries(std::slice::from_ref(&entry))
+            .await?;
         self.tools.insert(tool);
         self.changed(tenant);
         Ok(target)
     }
 
-    pub fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
-        let _writing = self.lock_entries();
+    pub async fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
+        let _writing = self.entry_writes.lock().await;
         if self.tools.get(tenant, name).is_none() {
             return Ok(false);
         }
-        self.store.remove_tool_entry(tenant, name)?;
+        self.store.remove_tool_entry(tenant, name).await?;
         let removed = self.tools.remove(tenant, name);
         self.changed(tenant);
         Ok(removed)
@@ -500,9 +512,50 @@ impl Catalog {
         let _ = self.changes.send(tenant.to_owned());
     }
 
-    fn lock_entries(&self) -> MutexGuard<'_, ()> {
-        self.entry_writes.lock().unwrap_or_else(|p| p.into_inner())
+    /// Reads a tenant's tools again (another node changed them) and tells subscribers.
+    pub async fn reload(&self, tenant: &str) -> Result<(), StoreError> {
+        let entries = self.store.tool_entries_of(tenant).await?;
+        self.tools.replace_tenant(tenant, valid_tools(&entries));
+        self.changed(tenant);
+        Ok(())
     }
+
+    /// Reads every tenant's tools again (notices from other nodes may have been missed).
+    pub async fn reload_all(&self) -> Result<(), StoreError> {
+        let entries = self.store.tool_entries().await?;
+        let mut tenants: Vec<String> = entries.iter().map(|e| e.tenant.clone()).collect();
+        tenants.extend(self.tools.tenants());
+        tenants.sort();
+        tenants.dedup();
+        for tenant in tenants {
+            let of_tenant: Vec<ToolEntry> = entries
+                .iter()
+                .filter(|e| e.tenant == tenant)
+                .cloned()
+                .collect();
+            let tools = valid_tools(&of_tenant);
+            if self.tools.differs(&tenant, &tools) {
+                self.tools.replace_tenant(&tenant, tools);
+                self.changed(&tenant);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The tools `entries` serve. A stored tool that no longer passes the rules is skipped,
+/// loudly, rather than taking its tenant's other tools down with it.
+fn valid_tools(entries: &[ToolEntry]) -> Vec<TenantTool> {
+    entries
+        .iter()
+        .filter_map(|entry| match tenant_tool(entry) {
+            Ok(tool) => Some(tool),
+            Err(error) => {
+                tracing::error!(tenant = entry.tenant, %error, "stored tool no longer valid; not loaded");
+                None
+            }
+        })
+        .collect()
 }
 
 fn check_tenant(tenant: &str) -> Result<(), InstallError> {

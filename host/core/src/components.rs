@@ -78,7 +78,7 @@ impl Components {
     /// Compiles (or finds the stored artifact of) an uploaded component and links it.
     pub async fn compile(&self, bytes: Vec<u8>) -> Result<NewComponent, InstallError> {
         let sha = sha256_hex(&bytes);
-        let (bytes, artifact, sealed) = match self.stored(&sha)? {
+        let (bytes, artifact, sealed) = match self.stored(&sha).await? {
             Some(artifact) => (bytes, artifact, None),
             None => {
                 let (bytes, artifact) = self.compile_blob(&sha, bytes).await?;
@@ -97,11 +97,12 @@ impl Components {
     }
 
     /// Stores a checked component (once per sha256) and keeps it loaded.
-    pub fn keep(&self, component: NewComponent) -> Result<(), StoreError> {
+    pub async fn keep(&self, component: NewComponent) -> Result<(), StoreError> {
         if let Some(sealed) = &component.sealed {
             let fingerprint = self.sandbox.fingerprint();
             self.store
-                .put_component(&component.sha, &component.bytes, fingerprint, sealed)?;
+                .put_component(&component.sha, &component.bytes, fingerprint, sealed)
+                .await?;
         }
         self.loaded.insert(component.sha, component.prepared);
         Ok(())
@@ -123,8 +124,9 @@ impl Components {
     }
 
     /// The store's artifact for `sha`, if this host sealed it.
-    fn stored(&self, sha: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(sealed) = self.store.artifact(sha, self.sandbox.fingerprint())? else {
+    async fn stored(&self, sha: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let fingerprint = self.sandbox.fingerprint();
+        let Some(sealed) = self.store.artifact(sha, fingerprint).await? else {
             return Ok(None);
         };
         let opened = self.seal.open(&self.name(sha), sealed);
@@ -138,7 +140,7 @@ impl Components {
     }
 
     async fn load(&self, sha: &str) -> Result<Prepared, String> {
-        let artifact = match self.stored(sha).map_err(|e| e.to_string())? {
+        let artifact = match self.stored(sha).await.map_err(|e| e.to_string())? {
             Some(artifact) => {
                 self.metrics.component_loaded(ComponentSource::Artifact);
                 artifact
@@ -148,6 +150,7 @@ impl Components {
                 let blob = self
                     .store
                     .blob(sha)
+                    .await
                     .map_err(|e| e.to_string())?
                     .ok_or_else(|| format!("component {sha} is missing from the store"))?;
                 let (_, artifact) = self
@@ -156,10 +159,8 @@ impl Components {
                     .map_err(|e| e.to_string())?;
                 let sealed = self.seal.seal(&self.name(sha), &artifact);
                 // A cache: on a failing disk the call runs anyway, compiled again next time.
-                if let Err(error) =
-                    self.store
-                        .put_artifact(sha, self.sandbox.fingerprint(), &sealed)
-                {
+                let fingerprint = self.sandbox.fingerprint();
+                if let Err(error) = self.store.put_artifact(sha, fingerprint, &sealed).await {
                     tracing::warn!(%error, sha, "compiled artifact not stored");
                 }
                 artifact

@@ -1,10 +1,13 @@
 //! How a host is set up, and the fixed limits every tenant shares.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use toolhost_sandbox::SandboxConfig;
 use toolhost_sandbox::egress::EgressConfig;
 use toolhost_spec::policy::TenantPolicy;
+#[cfg(feature = "postgres")]
+use toolhost_store::PgOptions;
 use toolhost_store::SecretsKey;
 
 /// The largest JavaScript source `install_js` accepts, in bytes.
@@ -19,8 +22,16 @@ pub const MAX_CONFIG_VALUE_BYTES: usize = 64 * 1024;
 /// How a [`crate::Host`] is opened: storage, the sandbox's limits, caches and the JS runtime.
 #[derive(Debug, Clone)]
 pub struct HostConfig {
-    /// Where installed tools persist. `None` keeps everything in memory.
+    /// Where installed tools persist. `None` keeps everything in memory. With `database`,
+    /// only this node's own files: compiled artifacts, granted directories, the admin socket.
     pub data_dir: Option<PathBuf>,
+    /// A PostgreSQL database that many hosts share (`--store postgres://…`): tenants, tools,
+    /// keys, policies, configuration, data and held calls live there instead of `data_dir`.
+    #[cfg(feature = "postgres")]
+    pub database: Option<PgOptions>,
+    /// How often a host on a shared database reads everything again, in case it missed
+    /// another node's notice of a change.
+    pub resync_interval: Duration,
     /// The engine's pool, slots, memory budget and egress.
     pub sandbox: SandboxConfig,
     /// Linked components kept in memory; past this the least recently used is dropped and
@@ -54,6 +65,9 @@ impl Default for HostConfig {
     fn default() -> Self {
         HostConfig {
             data_dir: None,
+            #[cfg(feature = "postgres")]
+            database: None,
+            resync_interval: Duration::from_secs(30),
             sandbox: SandboxConfig::default(),
             max_loaded_components: 256,
             artifact_dir: None,

@@ -88,6 +88,7 @@ impl Executors {
                 &tool.version.component,
                 "request definition",
             )
+            .await
             .map_err(|message| CallError::Internal { message })?;
         let deadline = tokio::time::Instant::now() + limits.timeout();
         let call = crate::http_tool::call(&request, args, helpers, &self.egress, deadline);
@@ -116,7 +117,8 @@ impl Executors {
         let internal = |message| (Err(CallError::Internal { message }), None);
         let js = match tool.version.kind {
             SourceKind::Js => {
-                match self.parsed_blob(&self.js_sources, &tool.version.component, "JS source") {
+                let sha = &tool.version.component;
+                match self.parsed_blob(&self.js_sources, sha, "JS source").await {
                     Ok(js) => Some(js),
                     Err(message) => return internal(message),
                 }
@@ -180,26 +182,27 @@ impl Executors {
 
     /// A stored JSON blob (an HTTP request definition, a JS source), parsed once and kept:
     /// blobs are content-addressed, so a parsed one never goes stale.
-    fn parsed_blob<T: DeserializeOwned>(
+    async fn parsed_blob<T: DeserializeOwned>(
         &self,
         cache: &Mutex<HashMap<String, Arc<T>>>,
         sha: &str,
         what: &str,
     ) -> Result<Arc<T>, String> {
-        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(parsed) = cache.get(sha) {
+        let lock = || cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(parsed) = lock().get(sha) {
             return Ok(parsed.clone());
         }
         let bytes = self
             .store
             .blob(sha)
+            .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("{what} {sha} is missing from the store"))?;
         let parsed: Arc<T> = Arc::new(
             serde_json::from_slice(&bytes)
                 .map_err(|e| format!("{what} {sha} is unreadable: {e}"))?,
         );
-        cache.insert(sha.to_owned(), parsed.clone());
+        lock().insert(sha.to_owned(), parsed.clone());
         Ok(parsed)
     }
 }

@@ -12,6 +12,8 @@ use toolhost_spec::call::{CallOutcome, Caller};
 use toolhost_spec::export::Format;
 use toolhost_spec::policy::{DiskUsage, TenantPolicy, Usage};
 use toolhost_spec::spec::ToolSpec;
+#[cfg(feature = "postgres")]
+use toolhost_store::PgStore;
 use toolhost_store::{KeyRecord, RedbStore, Store, StoreError, ToolEntry, now_ms};
 
 use crate::admission::{Admission, Shares};
@@ -26,6 +28,7 @@ use crate::http_tool::HttpToolDef;
 use crate::metrics::Metrics;
 use crate::pipeline::{Budget, Pipeline};
 use crate::registry::NativeRegistry;
+use crate::sync;
 use crate::tenants::{NewKey, Tenants};
 
 /// The host: tenants' tools and the app's native tools, and one call path for both.
@@ -35,37 +38,34 @@ pub struct Host {
     tenants: Arc<Tenants>,
     components: Arc<Components>,
     pipeline: Pipeline,
+    /// Applies other nodes' changes while the host lives (a shared store only).
+    _follow: Option<sync::Following>,
 }
 
 impl Host {
-    /// Opens the data directory (or an in-memory store) and loads every tenant's catalog.
-    /// Components are loaded lazily, on first call.
-    pub fn open(config: HostConfig) -> Result<Self, OpenError> {
+    /// Opens the store (the PostgreSQL database of `config.database`, else the data
+    /// directory, else memory) and loads every tenant's catalog. Components are loaded
+    /// lazily, on first call.
+    pub async fn open(config: HostConfig) -> Result<Self, OpenError> {
         // The store and the engine take about as long as each other to open, and neither
         // needs the other: side by side, a restart waits for the slower one only.
-        let (store, sandbox) = std::thread::scope(|scope| {
-            let sandbox = scope.spawn(|| new_sandbox(&config));
-            let store = match &config.data_dir {
-                Some(dir) => RedbStore::open(dir, config.store_cache_bytes),
-                None => RedbStore::temporary(),
-            };
-            let sandbox = sandbox
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (store, sandbox)
-        });
-        let store: Arc<dyn Store> = Arc::new(store?.with_secrets_key(config.secrets_key.clone()));
-        Self::assemble(store, sandbox?, config)
+        let engine = {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || new_sandbox(&config))
+        };
+        let (store, sandbox) = tokio::join!(open_store(&config), engine);
+        let sandbox = sandbox.unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()));
+        Self::assemble(store?, sandbox?, config).await
     }
 
     /// A host over any [`Store`]. `config.data_dir` is not opened as a store; it still holds
     /// granted files and the artifact key.
-    pub fn with_store(store: Arc<dyn Store>, config: HostConfig) -> Result<Self, OpenError> {
+    pub async fn with_store(store: Arc<dyn Store>, config: HostConfig) -> Result<Self, OpenError> {
         let sandbox = new_sandbox(&config)?;
-        Self::assemble(store, sandbox, config)
+        Self::assemble(store, sandbox, config).await
     }
 
-    fn assemble(
+    async fn assemble(
         store: Arc<dyn Store>,
         sandbox: Sandbox,
         config: HostConfig,
@@ -79,13 +79,9 @@ impl Host {
             metrics.clone(),
         )?);
         let js_runtime = config.js_runtime.as_deref();
-        let catalog = Arc::new(Catalog::load(
-            store.clone(),
-            components.clone(),
-            js_runtime,
-        )?);
+        let catalog = Arc::new(Catalog::load(store.clone(), components.clone(), js_runtime).await?);
         let tenants = Arc::new(Tenants::new(store.clone(), config.default_policy));
-        let purged = store.cache_purge(now_ms())?;
+        let purged = store.cache_purge(now_ms()).await?;
         tracing::debug!(purged, "expired cached results dropped");
         let files_dir = config
             .files_dir
@@ -97,11 +93,16 @@ impl Host {
             files_dir,
             metrics.clone(),
         );
+        let approvals = Arc::new(Approvals::load(store.clone()).await?);
+        let _follow = store.changes().map(|changes| {
+            let parts = (catalog.clone(), tenants.clone(), approvals.clone());
+            sync::follow(changes, parts, config.resync_interval)
+        });
         let pipeline = Pipeline {
             catalog: catalog.clone(),
             tenants: tenants.clone(),
             exec,
-            approvals: Approvals::load(store.clone())?,
+            approvals,
             store,
             admission: Admission::default(),
             shares: Shares::new(config.tenant_share),
@@ -114,6 +115,7 @@ impl Host {
             tenants,
             components,
             pipeline,
+            _follow,
         })
     }
 
@@ -141,15 +143,19 @@ impl Host {
         component: Vec<u8>,
     ) -> Result<Vec<ToolSpec>, InstallError> {
         let _admitted = self.pipeline.admit_install(tenant).await?;
-        let quota = self.policy(tenant).code_quota();
+        let quota = self.policy(tenant).await.code_quota();
         self.catalog.install(tenant, component, quota).await
     }
 
     /// Installs a tool with no code that makes one HTTP request (see [`HttpToolDef`]). Like
     /// a component's tool, a name that exists gets a new version.
-    pub fn install_http(&self, tenant: &str, def: HttpToolDef) -> Result<ToolSpec, InstallError> {
-        self.catalog
-            .install_http(tenant, def, self.policy(tenant).code_quota())
+    pub async fn install_http(
+        &self,
+        tenant: &str,
+        def: HttpToolDef,
+    ) -> Result<ToolSpec, InstallError> {
+        let quota = self.policy(tenant).await.code_quota();
+        self.catalog.install_http(tenant, def, quota).await
     }
 
     /// Installs a stored-source JavaScript tool: an ES module that exports its `spec` and,
@@ -158,7 +164,7 @@ impl Host {
     /// the default limits, to read its spec; a syntax error names the line and column.
     pub async fn install_js(&self, tenant: &str, source: &str) -> Result<ToolSpec, InstallError> {
         let _admitted = self.pipeline.admit_install(tenant).await?;
-        let quota = self.policy(tenant).code_quota();
+        let quota = self.policy(tenant).await.code_quota();
         self.catalog.install_js(tenant, source, quota).await
     }
 
@@ -178,20 +184,25 @@ impl Host {
     }
 
     /// A tenant's tool with every kept version.
-    pub fn versions(&self, tenant: &str, name: &str) -> Result<ToolEntry, ManageError> {
-        self.catalog.versions(tenant, name)
+    pub async fn versions(&self, tenant: &str, name: &str) -> Result<ToolEntry, ManageError> {
+        self.catalog.versions(tenant, name).await
     }
 
     /// Makes an earlier version answer calls: `to`, or the one before the current. Returns
     /// the version now current.
-    pub fn rollback(&self, tenant: &str, name: &str, to: Option<u32>) -> Result<u32, ManageError> {
-        self.catalog.rollback(tenant, name, to)
+    pub async fn rollback(
+        &self,
+        tenant: &str,
+        name: &str,
+        to: Option<u32>,
+    ) -> Result<u32, ManageError> {
+        self.catalog.rollback(tenant, name, to).await
     }
 
     /// Removes a tenant's tool and its versions. Calls already running finish; later ones get
     /// `not_found`.
-    pub fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
-        self.catalog.remove(tenant, name)
+    pub async fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
+        self.catalog.remove(tenant, name).await
     }
 
     /// Tenants whose visible tools change (install, rollback, remove), as they happen. A
@@ -212,72 +223,72 @@ impl Host {
 
     /// Sets a configuration value of `tenant`, readable by its tools that declare `key`.
     /// A secret is never shown again: not in listings, logs or error messages.
-    pub fn set_config(
+    pub async fn set_config(
         &self,
         tenant: &str,
         key: &str,
         value: &str,
         secret: bool,
     ) -> Result<(), ManageError> {
-        self.tenants.set_config(tenant, key, value, secret)
+        self.tenants.set_config(tenant, key, value, secret).await
     }
 
     /// Deletes a configuration value; false if there was none.
-    pub fn remove_config(&self, tenant: &str, key: &str) -> Result<bool, ManageError> {
-        self.tenants.remove_config(tenant, key)
+    pub async fn remove_config(&self, tenant: &str, key: &str) -> Result<bool, ManageError> {
+        self.tenants.remove_config(tenant, key).await
     }
 
     /// The tenant's configuration keys, each with its value unless it is a secret.
-    pub fn config(&self, tenant: &str) -> Result<Vec<(String, Option<String>)>, ManageError> {
-        self.tenants.config(tenant)
+    pub async fn config(&self, tenant: &str) -> Result<Vec<(String, Option<String>)>, ManageError> {
+        self.tenants.config(tenant).await
     }
 
     /// Records a tenant (idempotent); its id must be valid.
-    pub fn create_tenant(&self, tenant: &str) -> Result<bool, ManageError> {
-        self.tenants.create(tenant)
+    pub async fn create_tenant(&self, tenant: &str) -> Result<bool, ManageError> {
+        self.tenants.create(tenant).await
     }
 
     /// Every tenant.
-    pub fn tenants(&self) -> Result<Vec<String>, ManageError> {
-        self.tenants.all()
+    pub async fn tenants(&self) -> Result<Vec<String>, ManageError> {
+        self.tenants.all().await
     }
 
     /// A new API key for an existing tenant, with what it may do. The returned secret is
     /// shown once: only its sha256 is stored.
-    pub fn create_key(&self, tenant: &str, role: Role) -> Result<NewKey, ManageError> {
-        self.tenants.create_key(tenant, role)
+    pub async fn create_key(&self, tenant: &str, role: Role) -> Result<NewKey, ManageError> {
+        self.tenants.create_key(tenant, role).await
     }
 
     /// Keys of `tenant` (or all), without their secrets.
-    pub fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>, ManageError> {
-        self.tenants.keys(tenant)
+    pub async fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>, ManageError> {
+        self.tenants.keys(tenant).await
     }
 
     /// Revokes the key with this public id; false if there was none.
-    pub fn revoke_key(&self, id: &str) -> Result<bool, ManageError> {
-        self.tenants.revoke_key(id)
+    pub async fn revoke_key(&self, id: &str) -> Result<bool, ManageError> {
+        self.tenants.revoke_key(id).await
     }
 
     /// The live key's record (its tenant and role), if it is one.
-    pub fn authenticate(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        self.tenants.authenticate(key)
+    pub async fn authenticate(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        self.tenants.authenticate(key).await
     }
 
     /// The tenant's policy, or the host's default if it has none of its own.
-    pub fn policy(&self, tenant: &str) -> Arc<TenantPolicy> {
-        self.tenants.policy(tenant)
+    pub async fn policy(&self, tenant: &str) -> Arc<TenantPolicy> {
+        self.tenants.policy(tenant).await
     }
 
     /// Stores the tenant's policy; it applies to the next call.
-    pub fn set_policy(&self, tenant: &str, policy: TenantPolicy) -> Result<(), ManageError> {
-        self.tenants.set_policy(tenant, policy)
+    pub async fn set_policy(&self, tenant: &str, policy: TenantPolicy) -> Result<(), ManageError> {
+        self.tenants.set_policy(tenant, policy).await
     }
 
     /// What the tenant keeps on disk against each of its quotas (`files_quota_bytes`,
     /// `data_quota_bytes`, `code_quota_bytes`). Counting the files walks the tenant's
     /// directory the first time.
     pub async fn disk_usage(&self, tenant: &str) -> Result<DiskUsage, StoreError> {
-        let policy = self.policy(tenant);
+        let policy = self.policy(tenant).await;
         let store = self.store();
         let files = self
             .pipeline
@@ -287,9 +298,9 @@ impl Host {
             .map_err(StoreError::Backend)?;
         Ok(DiskUsage {
             files: Usage::new(files, policy.files_quota()),
-            data: Usage::new(store.data_bytes(tenant)?, policy.data_quota()),
+            data: Usage::new(store.data_bytes(tenant).await?, policy.data_quota()),
             code: Usage::new(
-                toolhost_store::code_bytes(&store.tool_entries_of(tenant)?),
+                toolhost_store::code_bytes(&store.tool_entries_of(tenant).await?),
                 policy.code_quota(),
             ),
         })
@@ -333,13 +344,13 @@ impl Host {
     }
 
     /// Drops a call that waits for approval; its outcome is `rejected` with `reason`.
-    pub fn reject(
+    pub async fn reject(
         &self,
         tenant: &str,
         call_id: &str,
         reason: &str,
     ) -> Result<CallOutcome, ApprovalError> {
-        self.pipeline.reject(tenant, call_id, reason)
+        self.pipeline.reject(tenant, call_id, reason).await
     }
 
     /// The tenant's calls waiting for approval, longest waiting first.
@@ -364,6 +375,26 @@ impl Host {
     pub fn storage_health(&self) -> Result<(), String> {
         self.pipeline.store.health()
     }
+}
+
+/// The store `config` names, with its secrets key.
+async fn open_store(config: &HostConfig) -> Result<Arc<dyn Store>, OpenError> {
+    let key = config.secrets_key.clone();
+    #[cfg(feature = "postgres")]
+    if let Some(database) = &config.database {
+        let store = PgStore::connect(database).await?;
+        return Ok(Arc::new(store.with_secrets_key(key)));
+    }
+    let store = match config.data_dir.clone() {
+        Some(dir) => {
+            let cache_bytes = config.store_cache_bytes;
+            tokio::task::spawn_blocking(move || RedbStore::open(&dir, cache_bytes))
+                .await
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))?
+        }
+        None => RedbStore::temporary()?,
+    };
+    Ok(Arc::new(store.with_secrets_key(key)))
 }
 
 fn new_sandbox(config: &HostConfig) -> Result<Sandbox, OpenError> {

@@ -5,7 +5,7 @@
 //! JSON body. Templates may not touch the scheme, host or port, and a value that would add a
 //! header line is refused, so arguments cannot redirect the request.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -335,7 +335,51 @@ struct Rendered {
 /// Fills templates from `args` and secrets, each escaped for where it lands.
 struct Filler<'a> {
     args: &'a Value,
-    helpers: &'a Helpers,
+    /// The secrets the templates name, read before filling (a store read is async).
+    secrets: &'a HashMap<String, String>,
+}
+
+/// Every template string of a request: the URL, query values, headers, body and proxy
+/// headers.
+fn templates(def: &HttpRequestDef) -> Vec<&str> {
+    let mut texts = vec![def.url.as_str()];
+    texts.extend(def.query.values().map(String::as_str));
+    texts.extend(def.headers.values().map(String::as_str));
+    if let Some(body) = &def.body {
+        collect_strings(body, &mut texts);
+    }
+    if let Some(proxy) = &def.proxy {
+        texts.extend(proxy.headers.values().map(String::as_str));
+    }
+    texts
+}
+
+/// The secrets `def`'s templates name, read through the call's helpers (which redact them
+/// from everything the call reports).
+async fn read_secrets(
+    def: &HttpRequestDef,
+    helpers: &Helpers,
+) -> Result<HashMap<String, String>, ToolError> {
+    let mut secrets = HashMap::new();
+    for text in templates(def) {
+        for part in parse_template(text).map_err(ToolError::failed)? {
+            let Part::Secret(key) = part else { continue };
+            if secrets.contains_key(&key) {
+                continue;
+            }
+            let secret = helpers
+                .config_get(&key)
+                .await
+                .map_err(|e| ToolError::failed(format!("secret `{key}`: {e}")))?
+                .ok_or_else(|| {
+                    ToolError::failed(format!(
+                        "secret `{key}` is not set in this tenant's configuration"
+                    ))
+                })?;
+            secrets.insert(key, secret);
+        }
+    }
+    Ok(secrets)
 }
 
 impl Filler<'_> {
@@ -352,15 +396,10 @@ impl Filler<'_> {
                 Part::Param(name) => out.push_str(&escape(&as_text(self.arg(name)))),
                 Part::Secret(key) => {
                     let secret = self
-                        .helpers
-                        .config_get(key)
-                        .map_err(|e| ToolError::failed(format!("secret `{key}`: {e}")))?
-                        .ok_or_else(|| {
-                            ToolError::failed(format!(
-                                "secret `{key}` is not set in this tenant's configuration"
-                            ))
-                        })?;
-                    out.push_str(&escape(&secret));
+                        .secrets
+                        .get(key)
+                        .ok_or_else(|| ToolError::failed(format!("secret `{key}` was not read")))?;
+                    out.push_str(&escape(secret));
                 }
             }
         }
@@ -527,7 +566,12 @@ pub(crate) async fn call(
     egress: &EgressConfig,
     deadline: Instant,
 ) -> Result<Value, ToolError> {
-    let rendered = Filler { args, helpers }.render(def)?;
+    let secrets = read_secrets(def, helpers).await?;
+    let rendered = Filler {
+        args,
+        secrets: &secrets,
+    }
+    .render(def)?;
     let retry = def.retry.unwrap_or(RetryPolicy {
         max_attempts: 1,
         initial_delay_ms: 1,
@@ -883,11 +927,9 @@ mod tests {
 
     fn render(request: Value, args: Value) -> Result<Rendered, ToolError> {
         let def = def(request);
-        let store = std::sync::Arc::new(toolhost_store::RedbStore::temporary().unwrap());
-        let helpers = Helpers::for_call(store, "acme", "t", &[], 1 << 20);
         Filler {
             args: &args,
-            helpers: &helpers,
+            secrets: &HashMap::new(),
         }
         .render(&def.request)
     }

@@ -36,6 +36,7 @@ pub mod http_tool;
 pub mod metrics;
 mod pipeline;
 pub mod registry;
+mod sync;
 mod tenants;
 
 // The crates below the host, under one root for an app that embeds it.
@@ -60,5 +61,7 @@ pub use toolhost_spec::{
     TenantPolicy, ToolError, ToolSpec,
 };
 pub use toolhost_store::{
-    KeyRecord, RedbStore, SecretsKey, Store, StoreError, ToolEntry, ToolVersion,
+    Change, KeyRecord, RedbStore, SecretsKey, Store, StoreError, ToolEntry, ToolVersion,
 };
+#[cfg(feature = "postgres")]
+pub use toolhost_store::{PgOptions, PgStore};

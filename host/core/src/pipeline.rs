@@ -71,7 +71,7 @@ pub(crate) struct Pipeline {
     pub admission: Admission,
     pub shares: Shares,
     pub hooks: RwLock<Vec<Arc<dyn CallHook>>>,
-    pub approvals: Approvals,
+    pub approvals: Arc<Approvals>,
     pub metrics: Arc<Metrics>,
     pub call_ids: CallIds,
 }
@@ -79,7 +79,7 @@ pub(crate) struct Pipeline {
 impl Pipeline {
     /// Runs a held call with its approval spent; it passes every other step again.
     pub async fn approve(&self, tenant: &str, call_id: &str) -> Result<CallOutcome, ApprovalError> {
-        let pending = self.approvals.take(tenant, call_id)?;
+        let pending = self.approvals.take(tenant, call_id).await?;
         let approved = Budget {
             approved: true,
             ..Budget::TOP
@@ -90,13 +90,13 @@ impl Pipeline {
             .await)
     }
 
-    pub fn reject(
+    pub async fn reject(
         &self,
         tenant: &str,
         call_id: &str,
         reason: &str,
     ) -> Result<CallOutcome, ApprovalError> {
-        let pending = self.approvals.take(tenant, call_id)?;
+        let pending = self.approvals.take(tenant, call_id).await?;
         let mut outcome = CallOutcome::new(call_id.to_owned(), pending.tool);
         outcome.result = Err(CallError::Rejected {
             reason: truncate(reason, MAX_ERROR_CHARS),
@@ -134,7 +134,7 @@ impl Pipeline {
         };
         let resolved = self.catalog.resolve(&caller.tenant, name);
         let config_keys = resolved.as_ref().map_or(&[][..], |r| &r.spec().config[..]);
-        let policy = self.tenants.policy(&ctx.tenant);
+        let policy = self.tenants.policy(&ctx.tenant).await;
         let helpers = Helpers::for_call(
             self.store.clone(),
             &ctx.tenant,
@@ -229,7 +229,7 @@ impl Pipeline {
                 reason: truncate(&reason, MAX_ERROR_CHARS),
             });
         } else if needs_approval {
-            outcome.result = Err(self.hold(ctx, &spec.name, args.clone()));
+            outcome.result = Err(self.hold(ctx, &spec.name, args.clone()).await);
         } else {
             let run = async {
                 if let Some((first, _place)) = self
@@ -302,7 +302,7 @@ impl Pipeline {
         &self,
         tenant: &str,
     ) -> Result<(Permit, OwnedSemaphorePermit), InstallError> {
-        let policy = self.tenants.policy(tenant);
+        let policy = self.tenants.policy(tenant).await;
         let permit =
             self.admission
                 .admit(tenant, &policy)
@@ -323,12 +323,12 @@ impl Pipeline {
     }
 
     /// Holds a call for approval: the error the caller gets now.
-    fn hold(&self, ctx: &CallContext, tool: &str, args: Value) -> CallError {
+    async fn hold(&self, ctx: &CallContext, tool: &str, args: Value) -> CallError {
         let caller = Caller {
             tenant: ctx.tenant.clone(),
             data: ctx.data.clone(),
         };
-        match self.approvals.hold(&ctx.call_id, &caller, tool, args) {
+        match self.approvals.hold(&ctx.call_id, &caller, tool, args).await {
             Ok(()) => CallError::ApprovalRequired {
                 call_id: ctx.call_id.clone(),
             },
@@ -369,7 +369,7 @@ impl Pipeline {
             )
         });
         if let Some(key) = &cache_key {
-            match self.store.cache_get(&ctx.tenant, key, now_ms()) {
+            match self.store.cache_get(&ctx.tenant, key, now_ms()).await {
                 Ok(Some(value)) => {
                     outcome.result = Ok(value);
                     outcome.cache_hit = true;
@@ -431,16 +431,16 @@ impl Pipeline {
             Ok(value) => {
                 let (value, clipped) = clip(value, spec.limits.max_result_chars as usize);
                 outcome.clipped = clipped;
-                if let (Some(key), Some(cache)) = (&cache_key, &spec.cache)
-                    && let Err(error) = self.store.cache_put(
-                        &ctx.tenant,
-                        key,
-                        now_ms() + cache.ttl_ms,
-                        &value,
-                        policy.data_quota(),
-                    )
-                {
-                    tracing::warn!(%error, "result not cached");
+                if let (Some(key), Some(cache)) = (&cache_key, &spec.cache) {
+                    let expires_at_ms = now_ms() + cache.ttl_ms;
+                    let quota = policy.data_quota();
+                    let stored = self
+                        .store
+                        .cache_put(&ctx.tenant, key, expires_at_ms, &value, quota)
+                        .await;
+                    if let Err(error) = stored {
+                        tracing::warn!(%error, "result not cached");
+                    }
                 }
                 Ok(value)
             }

@@ -168,6 +168,34 @@ impl TenantTools {
             .get_mut(tenant)
             .is_some_and(|tools| tools.remove(name).is_some())
     }
+
+    /// Every tenant with a tool.
+    pub fn tenants(&self) -> Vec<String> {
+        let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        tenants.keys().cloned().collect()
+    }
+
+    /// Makes `tools` all of `tenant`'s tools.
+    pub fn replace_tenant(&self, tenant: &str, tools: Vec<TenantTool>) {
+        let by_name = tools
+            .into_iter()
+            .map(|tool| (tool.spec().name.clone(), Arc::new(tool)))
+            .collect();
+        let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+        tenants.insert(tenant.to_owned(), by_name);
+    }
+
+    /// Whether `tools` are not exactly `tenant`'s tools as served now.
+    pub fn differs(&self, tenant: &str, tools: &[TenantTool]) -> bool {
+        let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        let served = tenants.get(tenant);
+        served.map_or(0, BTreeMap::len) != tools.len()
+            || tools.iter().any(|tool| {
+                served
+                    .and_then(|served| served.get(&tool.spec().name))
+                    .is_none_or(|served| served.version != tool.version)
+            })
+    }
 }
 
 /// Tenant ids come from the embedding app: any 1 to 128 printable characters.

@@ -9,7 +9,7 @@ use toolhost_spec::access::Role;
 use toolhost_spec::digest::{hex, sha256_hex};
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::is_valid_config_key;
-use toolhost_store::{ConfigValue, KeyRecord, Store, StoreError, now_ms};
+use toolhost_store::{Change, ConfigValue, KeyRecord, Store, StoreError, now_ms};
 
 use crate::config::MAX_CONFIG_VALUE_BYTES;
 use crate::error::ManageError;
@@ -30,7 +30,12 @@ pub(crate) struct Tenants {
     /// Tenants' policies as last read or set; `default_policy` for tenants without one.
     policies: Mutex<HashMap<String, Arc<TenantPolicy>>>,
     default_policy: Arc<TenantPolicy>,
+    /// Keys by sha256 as last read, unknown ones too (`None`), at most [`KEYS_CACHED`].
+    keys: quick_cache::sync::Cache<String, Option<KeyRecord>>,
 }
+
+/// Keys remembered; past it, the least used are read from the store again.
+const KEYS_CACHED: usize = 10_000;
 
 impl Tenants {
     pub fn new(store: Arc<dyn Store>, default_policy: TenantPolicy) -> Self {
@@ -38,10 +43,11 @@ impl Tenants {
             store,
             policies: Mutex::default(),
             default_policy: Arc::new(default_policy),
+            keys: quick_cache::sync::Cache::new(KEYS_CACHED),
         }
     }
 
-    pub fn set_config(
+    pub async fn set_config(
         &self,
         tenant: &str,
         key: &str,
@@ -58,17 +64,17 @@ impl Tenants {
             value: value.to_owned(),
             secret,
         };
-        Ok(self.store.config_set(tenant, key, &value)?)
+        Ok(self.store.config_set(tenant, key, &value).await?)
     }
 
-    pub fn remove_config(&self, tenant: &str, key: &str) -> Result<bool, ManageError> {
-        Ok(self.store.config_delete(tenant, key)?)
+    pub async fn remove_config(&self, tenant: &str, key: &str) -> Result<bool, ManageError> {
+        Ok(self.store.config_delete(tenant, key).await?)
     }
 
-    pub fn config(&self, tenant: &str) -> Result<Vec<(String, Option<String>)>, ManageError> {
+    pub async fn config(&self, tenant: &str) -> Result<Vec<(String, Option<String>)>, ManageError> {
         let mut shown = Vec::new();
-        for key in self.store.config_keys(tenant)? {
-            let value = match self.store.config_get(tenant, &key) {
+        for key in self.store.config_keys(tenant).await? {
+            let value = match self.store.config_get(tenant, &key).await {
                 Ok(value) => value.filter(|v| !v.secret).map(|v| v.value),
                 // A secret is never shown: one this host cannot open lists like any other.
                 Err(StoreError::Sealed { .. }) => None,
@@ -79,17 +85,17 @@ impl Tenants {
         Ok(shown)
     }
 
-    pub fn create(&self, tenant: &str) -> Result<bool, ManageError> {
+    pub async fn create(&self, tenant: &str) -> Result<bool, ManageError> {
         check_tenant(tenant)?;
-        Ok(self.store.tenant_create(tenant, now_ms())?)
+        Ok(self.store.tenant_create(tenant, now_ms()).await?)
     }
 
-    pub fn all(&self) -> Result<Vec<String>, ManageError> {
-        Ok(self.store.tenants()?)
+    pub async fn all(&self) -> Result<Vec<String>, ManageError> {
+        Ok(self.store.tenants().await?)
     }
 
-    pub fn create_key(&self, tenant: &str, role: Role) -> Result<NewKey, ManageError> {
-        if !self.store.tenants()?.iter().any(|t| t == tenant) {
+    pub async fn create_key(&self, tenant: &str, role: Role) -> Result<NewKey, ManageError> {
+        if !self.store.tenants().await?.iter().any(|t| t == tenant) {
             return Err(ManageError::NoTenant(tenant.chars().take(128).collect()));
         }
         let mut random = [0u8; 20];
@@ -102,33 +108,43 @@ impl Tenants {
             created_at_ms: now_ms(),
             role,
         };
-        self.store
-            .key_put(&sha256_hex(secret.as_bytes()), &record)?;
+        let hash = sha256_hex(secret.as_bytes());
+        self.store.key_put(&hash, &record).await?;
+        self.keys.remove(&hash);
         Ok(NewKey { secret, record })
     }
 
-    pub fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>, ManageError> {
-        let keys = self.store.keys()?;
+    pub async fn keys(&self, tenant: Option<&str>) -> Result<Vec<KeyRecord>, ManageError> {
+        let keys = self.store.keys().await?;
         Ok(keys
             .into_iter()
             .filter(|k| tenant.is_none_or(|t| k.tenant == t))
             .collect())
     }
 
-    pub fn revoke_key(&self, id: &str) -> Result<bool, ManageError> {
-        Ok(self.store.key_revoke(id)?)
+    pub async fn revoke_key(&self, id: &str) -> Result<bool, ManageError> {
+        let revoked = self.store.key_revoke(id).await?;
+        self.keys.clear();
+        Ok(revoked)
     }
 
-    pub fn authenticate(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        self.store.key_get(&sha256_hex(key.as_bytes()))
-    }
-
-    pub fn policy(&self, tenant: &str) -> Arc<TenantPolicy> {
-        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(policy) = policies.get(tenant) {
-            return policy.clone();
+    /// The key's record, from memory after its first use: a request's key costs no store
+    /// read. Another node's revocation clears the memory through [`Tenants::forget`].
+    pub async fn authenticate(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let hash = sha256_hex(key.as_bytes());
+        if let Some(record) = self.keys.get(&hash) {
+            return Ok(record);
         }
-        let policy = match self.store.policy(tenant) {
+        let record = self.store.key_get(&hash).await?;
+        self.keys.insert(hash, record.clone());
+        Ok(record)
+    }
+
+    pub async fn policy(&self, tenant: &str) -> Arc<TenantPolicy> {
+        if let Some(policy) = self.cached_policy(tenant) {
+            return policy;
+        }
+        let policy = match self.store.policy(tenant).await {
             Ok(Some(policy)) => Arc::new(policy),
             Ok(None) => self.default_policy.clone(),
             Err(error) => {
@@ -140,16 +156,38 @@ impl Tenants {
                 })
             }
         };
-        policies.insert(tenant.to_owned(), policy.clone());
+        self.lock_policies()
+            .insert(tenant.to_owned(), policy.clone());
         policy
     }
 
-    pub fn set_policy(&self, tenant: &str, policy: TenantPolicy) -> Result<(), ManageError> {
+    fn cached_policy(&self, tenant: &str) -> Option<Arc<TenantPolicy>> {
+        self.lock_policies().get(tenant).cloned()
+    }
+
+    fn lock_policies(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TenantPolicy>>> {
+        self.policies.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops what memory holds of what another node changed: read again at next use.
+    pub fn forget(&self, change: &Change) {
+        match change {
+            Change::Policy { tenant } => drop(self.lock_policies().remove(tenant)),
+            Change::Keys => self.keys.clear(),
+            Change::Resync => {
+                self.lock_policies().clear();
+                self.keys.clear();
+            }
+            Change::Tools { .. } | Change::Config { .. } | Change::HeldCalls => {}
+        }
+    }
+
+    pub async fn set_policy(&self, tenant: &str, policy: TenantPolicy) -> Result<(), ManageError> {
         check_tenant(tenant)?;
         policy.validate()?;
-        self.store.put_policy(tenant, &policy)?;
-        let mut policies = self.policies.lock().unwrap_or_else(|p| p.into_inner());
-        policies.insert(tenant.to_owned(), Arc::new(policy));
+        self.store.put_policy(tenant, &policy).await?;
+        self.lock_policies()
+            .insert(tenant.to_owned(), Arc::new(policy));
         Ok(())
     }
 }

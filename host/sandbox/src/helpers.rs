@@ -88,17 +88,18 @@ impl Helpers {
     }
 
     /// This tool's value for `key`, for this tenant.
-    pub fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, HelperError> {
+    pub async fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, HelperError> {
         let scope = self.scope()?;
         check_kv_key(key)?;
         scope
             .store
             .kv_get(&scope.tenant, &scope.tool, key)
+            .await
             .map_err(storage)
     }
 
     /// Sets a KV value, within the key, value and count limits and the tenant's data quota.
-    pub fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), HelperError> {
+    pub async fn kv_set(&self, key: &str, value: &[u8]) -> Result<(), HelperError> {
         let scope = self.scope()?;
         check_kv_key(key)?;
         if value.len() > MAX_KV_VALUE_BYTES {
@@ -108,29 +109,35 @@ impl Helpers {
             )));
         }
         let (store, tenant, tool) = (&scope.store, &scope.tenant, &scope.tool);
-        let is_new = store.kv_get(tenant, tool, key).map_err(storage)?.is_none();
-        if is_new && store.kv_count(tenant, tool).map_err(storage)? >= MAX_KV_KEYS {
+        let is_new = store
+            .kv_get(tenant, tool, key)
+            .await
+            .map_err(storage)?
+            .is_none();
+        if is_new && store.kv_count(tenant, tool).await.map_err(storage)? >= MAX_KV_KEYS {
             return Err(HelperError(format!(
                 "kv: this tool already has {MAX_KV_KEYS} keys, the limit"
             )));
         }
         store
             .kv_set(tenant, tool, key, value, scope.data_quota)
+            .await
             .map_err(storage)
     }
 
     /// Whether the key existed.
-    pub fn kv_delete(&self, key: &str) -> Result<bool, HelperError> {
+    pub async fn kv_delete(&self, key: &str) -> Result<bool, HelperError> {
         let scope = self.scope()?;
         check_kv_key(key)?;
         scope
             .store
             .kv_delete(&scope.tenant, &scope.tool, key)
+            .await
             .map_err(storage)
     }
 
     /// The tenant's configuration value for `key`, if the tool declared that key.
-    pub fn config_get(&self, key: &str) -> Result<Option<String>, HelperError> {
+    pub async fn config_get(&self, key: &str) -> Result<Option<String>, HelperError> {
         let scope = self.scope()?;
         if !scope.config_keys.iter().any(|k| k == key) {
             return Err(HelperError(format!(
@@ -141,6 +148,7 @@ impl Helpers {
         let value = scope
             .store
             .config_get(&scope.tenant, key)
+            .await
             .map_err(storage)?;
         Ok(value.map(|v| {
             if v.secret && !v.value.is_empty() {
@@ -249,58 +257,59 @@ mod tests {
         (store, helpers)
     }
 
-    #[test]
-    fn kv_enforces_its_quotas() {
+    #[tokio::test]
+    async fn kv_enforces_its_quotas() {
         let (_, h) = helpers("t");
-        assert!(h.kv_set("", b"x").unwrap_err().0.contains("1 to 256"));
-        assert!(h.kv_set(&"k".repeat(257), b"x").is_err());
+        assert!(h.kv_set("", b"x").await.unwrap_err().0.contains("1 to 256"));
+        assert!(h.kv_set(&"k".repeat(257), b"x").await.is_err());
         let big = vec![0; MAX_KV_VALUE_BYTES + 1];
-        assert!(h.kv_set("k", &big).unwrap_err().0.contains("65536"));
+        assert!(h.kv_set("k", &big).await.unwrap_err().0.contains("65536"));
         for i in 0..MAX_KV_KEYS {
-            h.kv_set(&format!("k{i}"), b"v").unwrap();
+            h.kv_set(&format!("k{i}"), b"v").await.unwrap();
         }
         assert!(
             h.kv_set("one-more", b"v")
+                .await
                 .unwrap_err()
                 .0
                 .contains("1000 keys")
         );
-        h.kv_set("k0", b"overwrite is fine").unwrap();
+        h.kv_set("k0", b"overwrite is fine").await.unwrap();
         assert_eq!(
-            h.kv_get("k0").unwrap().as_deref(),
+            h.kv_get("k0").await.unwrap().as_deref(),
             Some(&b"overwrite is fine"[..])
         );
-        assert!(h.kv_delete("k0").unwrap());
-        h.kv_set("one-more", b"v").unwrap();
+        assert!(h.kv_delete("k0").await.unwrap());
+        h.kv_set("one-more", b"v").await.unwrap();
     }
 
-    #[test]
-    fn kv_writes_stop_at_the_tenants_data_quota_and_deletes_give_bytes_back() {
+    #[tokio::test]
+    async fn kv_writes_stop_at_the_tenants_data_quota_and_deletes_give_bytes_back() {
         let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
         let quota = 3 * MAX_KV_VALUE_BYTES as u64;
         let one = Helpers::for_call(store.clone(), "acme", "one", &[], quota);
         let two = Helpers::for_call(store.clone(), "acme", "two", &[], quota);
         let other = Helpers::for_call(store.clone(), "globex", "one", &[], quota);
         let value = vec![7; MAX_KV_VALUE_BYTES];
-        one.kv_set("a", &value).unwrap();
-        one.kv_set("b", &value).unwrap();
+        one.kv_set("a", &value).await.unwrap();
+        one.kv_set("b", &value).await.unwrap();
         // The quota is the tenant's, across its tools.
-        let refused = two.kv_set("c", &value).unwrap_err().0;
+        let refused = two.kv_set("c", &value).await.unwrap_err().0;
         assert!(refused.contains("data_quota_bytes"), "{refused}");
         // Overwriting in place adds nothing; another tenant has its own quota.
-        one.kv_set("a", &value).unwrap();
-        other.kv_set("c", &value).unwrap();
-        assert!(two.kv_delete("c").is_ok_and(|existed| !existed));
-        assert!(one.kv_delete("b").unwrap());
-        two.kv_set("c", &value).unwrap();
-        let held = store.data_bytes("acme").unwrap();
+        one.kv_set("a", &value).await.unwrap();
+        other.kv_set("c", &value).await.unwrap();
+        assert!(two.kv_delete("c").await.is_ok_and(|existed| !existed));
+        assert!(one.kv_delete("b").await.unwrap());
+        two.kv_set("c", &value).await.unwrap();
+        let held = store.data_bytes("acme").await.unwrap();
         assert_eq!(held, 2 * (MAX_KV_VALUE_BYTES as u64 + 1 + 3 + 4 + 2));
     }
 
-    #[test]
-    fn config_reads_only_declared_keys_and_redacts_secrets() {
+    #[tokio::test]
+    async fn config_reads_only_declared_keys_and_redacts_secrets() {
         let (store, h) = helpers("t");
-        let set = |k: &str, v: &str, secret| {
+        let set = async |k: &str, v: &str, secret| {
             store
                 .config_set(
                     "acme",
@@ -310,19 +319,32 @@ mod tests {
                         secret,
                     },
                 )
+                .await
                 .unwrap()
         };
-        set("TOKEN", "hunter2", true);
-        set("REGION", "eu-north", false);
-        set("OTHER", "x", false);
-        assert!(h.config_get("OTHER").unwrap_err().0.contains("not among"));
-        assert_eq!(h.config_get("REGION").unwrap().as_deref(), Some("eu-north"));
+        set("TOKEN", "hunter2", true).await;
+        set("REGION", "eu-north", false).await;
+        set("OTHER", "x", false).await;
+        assert!(
+            h.config_get("OTHER")
+                .await
+                .unwrap_err()
+                .0
+                .contains("not among")
+        );
+        assert_eq!(
+            h.config_get("REGION").await.unwrap().as_deref(),
+            Some("eu-north")
+        );
         h.log(Level::Info, "token is hunter2 in eu-north");
         assert_eq!(
             h.snapshot().lines[0].message,
             "token is hunter2 in eu-north"
         );
-        assert_eq!(h.config_get("TOKEN").unwrap().as_deref(), Some("hunter2"));
+        assert_eq!(
+            h.config_get("TOKEN").await.unwrap().as_deref(),
+            Some("hunter2")
+        );
         h.write(Stream::Stderr, b"leak: hunter2");
         let log = h.snapshot();
         assert_eq!(log.lines[0].message, "token is [redacted] in eu-north");
@@ -333,14 +355,14 @@ mod tests {
         );
     }
 
-    #[test]
-    fn outside_a_call_there_is_no_scope() {
-        assert!(Helpers::default().kv_get("k").is_err());
-        assert!(Helpers::default().config_get("TOKEN").is_err());
+    #[tokio::test]
+    async fn outside_a_call_there_is_no_scope() {
+        assert!(Helpers::default().kv_get("k").await.is_err());
+        assert!(Helpers::default().config_get("TOKEN").await.is_err());
     }
 
-    #[test]
-    fn output_is_capped_and_the_rest_counted() {
+    #[tokio::test]
+    async fn output_is_capped_and_the_rest_counted() {
         let helpers = Helpers::default();
         helpers.write(Stream::Stdout, &vec![b'x'; MAX_LOG_BYTES - 10]);
         helpers.write(Stream::Stdout, &[b'y'; 25]);
@@ -352,8 +374,8 @@ mod tests {
         assert_eq!(log.dropped_bytes, 15);
     }
 
-    #[test]
-    fn log_lines_are_capped_in_total() {
+    #[tokio::test]
+    async fn log_lines_are_capped_in_total() {
         let helpers = Helpers::default();
         let line = "z".repeat(1000);
         for _ in 0..100 {

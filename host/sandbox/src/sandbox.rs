@@ -44,6 +44,14 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "toolhost:plugin/plugin@0.2.0",
+        // Storage is a database round trip away, or a blocking file: the guest waits, its
+        // thread does not.
+        imports: {
+            "toolhost:plugin/helpers.kv-get": async,
+            "toolhost:plugin/helpers.kv-set": async,
+            "toolhost:plugin/helpers.kv-delete": async,
+            "toolhost:plugin/helpers.config-get": async,
+        },
         exports: { default: async },
     });
 }
@@ -817,20 +825,20 @@ impl bindings::toolhost::plugin::helpers::Host for CallState {
         self.helpers.log(level, &message);
     }
 
-    fn kv_get(&mut self, key: String) -> Result<Option<Vec<u8>>, String> {
-        self.helpers.kv_get(&key).map_err(|e| e.0)
+    async fn kv_get(&mut self, key: String) -> Result<Option<Vec<u8>>, String> {
+        self.helpers.kv_get(&key).await.map_err(|e| e.0)
     }
 
-    fn kv_set(&mut self, key: String, value: Vec<u8>) -> Result<(), String> {
-        self.helpers.kv_set(&key, &value).map_err(|e| e.0)
+    async fn kv_set(&mut self, key: String, value: Vec<u8>) -> Result<(), String> {
+        self.helpers.kv_set(&key, &value).await.map_err(|e| e.0)
     }
 
-    fn kv_delete(&mut self, key: String) -> Result<bool, String> {
-        self.helpers.kv_delete(&key).map_err(|e| e.0)
+    async fn kv_delete(&mut self, key: String) -> Result<bool, String> {
+        self.helpers.kv_delete(&key).await.map_err(|e| e.0)
     }
 
-    fn config_get(&mut self, key: String) -> Result<Option<String>, String> {
-        self.helpers.config_get(&key).map_err(|e| e.0)
+    async fn config_get(&mut self, key: String) -> Result<Option<String>, String> {
+        self.helpers.config_get(&key).await.map_err(|e| e.0)
     }
 }
 

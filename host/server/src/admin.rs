@@ -145,18 +145,18 @@ impl AdminCommand {
         let out = |text: String| Ok((text, String::new()));
         match self {
             AdminCommand::TenantCreate { tenant } => {
-                let created = host.create_tenant(&tenant).map_err(fail)?;
+                let created = host.create_tenant(&tenant).await.map_err(fail)?;
                 out(format!(
                     "{} tenant {tenant}\n",
                     if created { "created" } else { "existing" }
                 ))
             }
             AdminCommand::TenantList => {
-                let tenants = host.tenants().map_err(fail)?;
+                let tenants = host.tenants().await.map_err(fail)?;
                 out(tenants.iter().map(|t| format!("{t}\n")).collect())
             }
             AdminCommand::KeyCreate { tenant, role } => {
-                let key = host.create_key(&tenant, role).map_err(fail)?;
+                let key = host.create_key(&tenant, role).await.map_err(fail)?;
                 Ok((
                     format!("{}\n", key.secret),
                     format!(
@@ -167,7 +167,7 @@ impl AdminCommand {
                 ))
             }
             AdminCommand::KeyList { tenant } => {
-                let keys = host.keys(tenant.as_deref()).map_err(fail)?;
+                let keys = host.keys(tenant.as_deref()).await.map_err(fail)?;
                 out(keys
                     .iter()
                     .map(|k| {
@@ -182,7 +182,7 @@ impl AdminCommand {
                     .collect())
             }
             AdminCommand::KeyRevoke { id } => {
-                if !host.revoke_key(&id).map_err(fail)? {
+                if !host.revoke_key(&id).await.map_err(fail)? {
                     return Err(AdminReply::Failed(format!("no key with id `{id}`")));
                 }
                 out(format!("revoked {id}\n"))
@@ -194,6 +194,7 @@ impl AdminCommand {
                 secret,
             } => {
                 host.set_config(&tenant, &key, &value, secret)
+                    .await
                     .map_err(fail)?;
                 out(format!(
                     "set {key}{}\n",
@@ -201,27 +202,27 @@ impl AdminCommand {
                 ))
             }
             AdminCommand::ConfigList { tenant } => {
-                let entries = host.config(&tenant).map_err(fail)?;
+                let entries = host.config(&tenant).await.map_err(fail)?;
                 out(entries
                     .into_iter()
                     .map(|(k, v)| format!("{k} = {}\n", v.unwrap_or_else(|| "(secret)".into())))
                     .collect())
             }
             AdminCommand::ConfigRemove { tenant, key } => {
-                if !host.remove_config(&tenant, &key).map_err(fail)? {
+                if !host.remove_config(&tenant, &key).await.map_err(fail)? {
                     return Err(AdminReply::Failed(format!("no config key `{key}`")));
                 }
                 out(format!("removed {key}\n"))
             }
             AdminCommand::PolicyShow { tenant } => {
-                let policy = host.policy(&tenant);
+                let policy = host.policy(&tenant).await;
                 out(format!(
                     "{}\n",
                     serde_json::to_string_pretty(&*policy).expect("a policy serializes")
                 ))
             }
             AdminCommand::PolicySet { tenant, policy } => {
-                host.set_policy(&tenant, policy).map_err(fail)?;
+                host.set_policy(&tenant, policy).await.map_err(fail)?;
                 out(format!("policy set for {tenant}\n"))
             }
             AdminCommand::Usage { tenant } => {
@@ -254,6 +255,7 @@ impl AdminCommand {
             AdminCommand::Remove { tenant, tool } => {
                 let removed = host
                     .remove(&tenant, &tool)
+                    .await
                     .map_err(|e| AdminReply::Unavailable(e.to_string()))?;
                 if !removed {
                     return Err(AdminReply::Failed(format!("no tool named `{tool}`")));
@@ -283,7 +285,7 @@ async fn install(host: &Host, tenant: &str, file: &Path) -> Result<Vec<ToolSpec>
     } else if bytes.trim_ascii_start().starts_with(b"{") {
         let def = serde_json::from_slice(&bytes)
             .map_err(|e| named(&format!("not an HTTP tool definition: {e}")))?;
-        Ok(vec![host.install_http(tenant, def).map_err(refused)?])
+        Ok(vec![host.install_http(tenant, def).await.map_err(refused)?])
     } else {
         host.install(tenant, bytes).await.map_err(refused)
     }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use toolhost::schema::{ArgError, ArgsValidator};
 use toolhost::{CallError, CallOutcome, Caller, Host, Store, ToolSpec};
@@ -80,7 +81,7 @@ pub struct Disclosure {
     /// Each tenant's search index, with the host generation it was built at.
     indexes: Mutex<HashMap<String, Arc<TenantIndex>>>,
     /// With a search model: its vectors of tool texts, kept in memory and in the store.
-    tool_vectors: Option<ToolVectors>,
+    tool_vectors: Option<Arc<ToolVectors>>,
     /// Each bridge's own input schema, compiled once: a bridge checks its arguments as any
     /// tool does.
     bridge_args: HashMap<String, ArgsValidator>,
@@ -96,8 +97,9 @@ impl Disclosure {
     /// Disclosure of `host`'s catalogs under `config`.
     pub fn new(host: Arc<Host>, config: DisclosureConfig) -> Self {
         let tool_vectors = config.search_model.clone().map(|encoder| {
-            let cache: Arc<dyn VectorCache> = Arc::new(StoreVectors(host.store().clone()));
-            ToolVectors::new(encoder, Some(cache))
+            let store = host.store().clone();
+            let cache: Arc<dyn VectorCache> = Arc::new(StoreVectors(store, Handle::current()));
+            Arc::new(ToolVectors::new(encoder, Some(cache)))
         });
         let bridge_args = bridges(&config)
             .into_iter()
@@ -116,19 +118,22 @@ impl Disclosure {
     }
 
     /// The tenant's index, rebuilt only when the host's tools changed since it was built.
-    fn index(&self, tenant: &str) -> Arc<TenantIndex> {
+    async fn index(&self, tenant: &str) -> Arc<TenantIndex> {
         let generation = self.host.generation();
         let indexes = || self.indexes.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(cached) = indexes().get(tenant).filter(|c| c.generation == generation) {
             return cached.clone();
         }
-        // Built outside the lock: with a contextual encoder a build takes seconds, and other
-        // tenants' searches must not wait for it.
+        // Built outside the lock and off the async workers: with a contextual encoder a build
+        // takes seconds, and other tenants' searches and calls must not wait for it.
         let specs: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
-        let index = match &self.tool_vectors {
-            Some(vectors) => Index::build_contextual(&specs, vectors),
-            None => Index::build(&specs),
-        };
+        let (vectors, listed) = (self.tool_vectors.clone(), specs.clone());
+        let index = tokio::task::spawn_blocking(move || match &vectors {
+            Some(vectors) => Index::build_contextual(&listed, vectors),
+            None => Index::build(&listed),
+        })
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()));
         let built = Arc::new(TenantIndex {
             generation,
             specs,
@@ -204,7 +209,9 @@ impl Disclosure {
                     .as_u64()
                     .map_or(self.config.search_default_limit, |l| l as usize);
                 let limit = limit.clamp(1, self.config.max_search_limit);
-                let search = || self.search(&caller.tenant, query, limit);
+                let cached = self.index(&caller.tenant).await;
+                let inline = self.config.search_inline_schema_max;
+                let search = || search(&cached, query, limit, inline);
                 let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| {
                     h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
                 });
@@ -264,26 +271,27 @@ impl Disclosure {
             }
         }
     }
+}
 
-    fn search(&self, tenant: &str, query: &str, limit: usize) -> Value {
-        let cached = self.index(tenant);
-        let visible = &cached.specs;
-        let hits: Vec<Value> = cached
-            .index
-            .search(query, limit)
-            .into_iter()
-            .enumerate()
-            .map(|(rank, (i, score))| {
-                let spec = &visible[i];
-                let mut hit = json!({"name": spec.name, "description": spec.description, "score": (f64::from(score) * 1000.0).round() / 1000.0});
-                if rank < self.config.search_inline_schema_max {
-                    hit["parameters"] = spec.parameters.clone();
-                }
-                hit
-            })
-            .collect();
-        json!({"results": hits})
-    }
+/// The best `limit` tools of `cached` for `query`, the first `inline_schemas` with their
+/// parameters.
+fn search(cached: &TenantIndex, query: &str, limit: usize, inline_schemas: usize) -> Value {
+    let visible = &cached.specs;
+    let hits: Vec<Value> = cached
+        .index
+        .search(query, limit)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, (i, score))| {
+            let spec = &visible[i];
+            let mut hit = json!({"name": spec.name, "description": spec.description, "score": (f64::from(score) * 1000.0).round() / 1000.0});
+            if rank < inline_schemas {
+                hit["parameters"] = spec.parameters.clone();
+            }
+            hit
+        })
+        .collect();
+    json!({"results": hits})
 }
 
 fn bad(message: &str) -> CallError {
@@ -295,20 +303,21 @@ fn bad(message: &str) -> CallError {
     }
 }
 
-/// Search vectors kept in the host's store beside the catalog.
-struct StoreVectors(Arc<dyn Store>);
+/// Search vectors kept in the host's store beside the catalog. Used from the blocking
+/// thread an index is built on, which may wait for the runtime's store futures.
+struct StoreVectors(Arc<dyn Store>, Handle);
 
 impl VectorCache for StoreVectors {
     fn get(&self, key: &str) -> Option<Vec<u8>> {
-        self.0
-            .search_vector(key)
+        self.1
+            .block_on(self.0.search_vector(key))
             .inspect_err(|error| tracing::warn!(%error, "search vector unreadable; encoding"))
             .ok()
             .flatten()
     }
 
     fn put(&self, key: &str, vector: &[u8]) {
-        if let Err(error) = self.0.put_search_vector(key, vector) {
+        if let Err(error) = self.1.block_on(self.0.put_search_vector(key, vector)) {
             tracing::warn!(%error, "search vector not stored");
         }
     }

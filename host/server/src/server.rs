@@ -590,7 +590,7 @@ impl FromRequestParts<App> for Key {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .ok_or_else(unauthorized)?;
-        match app.host.authenticate(key.trim()) {
+        match app.host.authenticate(key.trim()).await {
             Ok(Some(record)) => Ok(Key(record)),
             Ok(None) => Err(unauthorized()),
             Err(error) => Err(ApiError::internal(error)),
@@ -682,7 +682,7 @@ async fn install(State(app): State<App>, key: Key, request: Request) -> Result<R
     if content_type.starts_with("application/json") {
         let body = Bytes::from_request(request, &app).await;
         let def: HttpToolDef = json_body(body)?;
-        let installed = app.host.install_http(&tenant, def)?;
+        let installed = app.host.install_http(&tenant, def).await?;
         return Ok((StatusCode::CREATED, Json(json!({"installed": [installed]}))).into_response());
     }
     let too_large =
@@ -730,7 +730,7 @@ async fn remove(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
-    match app.host.remove(&tenant, &name) {
+    match app.host.remove(&tenant, &name).await {
         Ok(true) => Ok(StatusCode::NO_CONTENT),
         Ok(false) => Err(ApiError::not_found(&name)),
         Err(error) => Err(ApiError::internal(error)),
@@ -743,7 +743,7 @@ async fn versions(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
-    Ok(Json(json!(app.host.versions(&tenant, &name)?)))
+    Ok(Json(json!(app.host.versions(&tenant, &name).await?)))
 }
 
 #[derive(Deserialize)]
@@ -776,7 +776,7 @@ async fn rollback(
                 })?,
         ),
     };
-    let version = app.host.rollback(&tenant, &name, to)?;
+    let version = app.host.rollback(&tenant, &name, to).await?;
     Ok(Json(json!({"current": version})))
 }
 
@@ -855,7 +855,7 @@ fn outcome_body(outcome: CallOutcome) -> Value {
 
 async fn policy(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
-    Ok(Json(json!(*app.host.policy(&tenant))))
+    Ok(Json(json!(*app.host.policy(&tenant).await)))
 }
 
 /// What the tenant keeps on disk against each of its quotas.
@@ -874,7 +874,8 @@ async fn config_list(State(app): State<App>, key: Key) -> Result<Json<Value>, Ap
     let tenant = key.tenant_for(Access::Manage)?;
     let entries: Vec<Value> = app
         .host
-        .config(&tenant)?
+        .config(&tenant)
+        .await?
         .into_iter()
         .map(|(name, value)| json!({"key": name, "secret": value.is_none(), "value": value}))
         .collect();
@@ -899,7 +900,8 @@ async fn config_set(
     let tenant = key.tenant_for(Access::Manage)?;
     let body: ConfigValueBody = json_body(body)?;
     app.host
-        .set_config(&tenant, &name, &body.value, body.secret)?;
+        .set_config(&tenant, &name, &body.value, body.secret)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -909,7 +911,7 @@ async fn config_remove(
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
-    if app.host.remove_config(&tenant, &name)? {
+    if app.host.remove_config(&tenant, &name).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::new(
@@ -967,6 +969,7 @@ async fn reject(
     let outcome = app
         .host
         .reject(&tenant, &call_id, reason)
+        .await
         .map_err(approval_error)?;
     Ok(Json(outcome_body(outcome)))
 }

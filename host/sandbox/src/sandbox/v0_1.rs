@@ -12,6 +12,12 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "wit/v0.1.0",
         world: "toolhost:plugin/plugin@0.1.0",
+        imports: {
+            "toolhost:plugin/helpers.kv-get": async,
+            "toolhost:plugin/helpers.kv-set": async,
+            "toolhost:plugin/helpers.kv-delete": async,
+            "toolhost:plugin/helpers.config-get": async,
+        },
         exports: { default: async },
     });
 }
@@ -39,20 +45,20 @@ impl helpers::Host for CallState {
         current::helpers::Host::log(self, level, message)
     }
 
-    fn kv_get(&mut self, key: String) -> Result<Option<Vec<u8>>, String> {
-        current::helpers::Host::kv_get(self, key)
+    async fn kv_get(&mut self, key: String) -> Result<Option<Vec<u8>>, String> {
+        current::helpers::Host::kv_get(self, key).await
     }
 
-    fn kv_set(&mut self, key: String, value: Vec<u8>) -> Result<(), String> {
-        current::helpers::Host::kv_set(self, key, value)
+    async fn kv_set(&mut self, key: String, value: Vec<u8>) -> Result<(), String> {
+        current::helpers::Host::kv_set(self, key, value).await
     }
 
-    fn kv_delete(&mut self, key: String) -> Result<bool, String> {
-        current::helpers::Host::kv_delete(self, key)
+    async fn kv_delete(&mut self, key: String) -> Result<bool, String> {
+        current::helpers::Host::kv_delete(self, key).await
     }
 
-    fn config_get(&mut self, key: String) -> Result<Option<String>, String> {
-        current::helpers::Host::config_get(self, key)
+    async fn config_get(&mut self, key: String) -> Result<Option<String>, String> {
+        current::helpers::Host::config_get(self, key).await
     }
 }
 

@@ -1,0 +1,69 @@
+//! Other nodes' changes, applied to this node's memory: the catalog, policies, keys and held
+//! calls. A shared store announces each change ([`Store::changes`]); a missed announcement
+//! (a dropped connection, a lagging receiver) and the periodic re-sync read everything again.
+//!
+//! [`Store::changes`]: toolhost_store::Store::changes
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast::{self, error::RecvError};
+use toolhost_store::Change;
+
+use crate::approval::Approvals;
+use crate::catalog::Catalog;
+use crate::tenants::Tenants;
+
+/// Follows changes until dropped.
+pub(crate) struct Following(tokio::task::JoinHandle<()>);
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What a node caches of the shared store.
+pub(crate) type Cached = (Arc<Catalog>, Arc<Tenants>, Arc<Approvals>);
+
+/// Applies `changes` as they come, and everything again every `resync`.
+pub(crate) fn follow(
+    mut changes: broadcast::Receiver<Change>,
+    cached: Cached,
+    resync: Duration,
+) -> Following {
+    Following(tokio::spawn(async move {
+        let mut every = tokio::time::interval(resync);
+        every.tick().await;
+        loop {
+            let change = tokio::select! {
+                change = changes.recv() => match change {
+                    Ok(change) => change,
+                    Err(RecvError::Lagged(_)) => Change::Resync,
+                    Err(RecvError::Closed) => return,
+                },
+                _ = every.tick() => Change::Resync,
+            };
+            if let Err(error) = apply(&cached, &change).await {
+                // The next notice or re-sync tries again; meanwhile memory serves.
+                tracing::warn!(%error, ?change, "another node's change not applied yet");
+            }
+        }
+    }))
+}
+
+async fn apply(
+    (catalog, tenants, approvals): &Cached,
+    change: &Change,
+) -> Result<(), toolhost_store::StoreError> {
+    tenants.forget(change);
+    match change {
+        Change::Tools { tenant } => catalog.reload(tenant).await,
+        Change::HeldCalls => approvals.reload().await,
+        Change::Resync => {
+            catalog.reload_all().await?;
+            approvals.reload().await
+        }
+        Change::Policy { .. } | Change::Config { .. } | Change::Keys => Ok(()),
+    }
+}

@@ -1,0 +1,73 @@
+-- toolhost's store, version 1: the same records as the redb store's tables.
+-- JSON records are TEXT: the host reads them as it writes them, and psql shows them.
+
+CREATE TABLE tools (
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    entry TEXT NOT NULL,
+    PRIMARY KEY (tenant, name)
+);
+
+CREATE TABLE blobs (
+    sha TEXT PRIMARY KEY,
+    bytes BYTEA NOT NULL
+);
+
+-- Bytes of each tenant's KV and cache entries: the row is locked by every write that
+-- charges it, so the quota holds across nodes.
+CREATE TABLE usage (
+    tenant TEXT PRIMARY KEY,
+    bytes BIGINT NOT NULL
+);
+
+CREATE TABLE cache (
+    tenant TEXT NOT NULL,
+    key BYTEA NOT NULL,
+    expires_at_ms BIGINT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (tenant, key)
+);
+CREATE INDEX cache_expiry ON cache (expires_at_ms);
+
+CREATE TABLE kv (
+    tenant TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    key BYTEA NOT NULL,
+    value BYTEA NOT NULL,
+    PRIMARY KEY (tenant, tool, key)
+);
+
+CREATE TABLE config (
+    tenant TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (tenant, key)
+);
+
+CREATE TABLE policies (
+    tenant TEXT PRIMARY KEY,
+    policy TEXT NOT NULL
+);
+
+CREATE TABLE tenants (
+    tenant TEXT PRIMARY KEY,
+    created_at_ms BIGINT NOT NULL
+);
+
+-- By the sha256 of the key: the key itself is never stored.
+CREATE TABLE keys (
+    hash TEXT PRIMARY KEY,
+    id TEXT NOT NULL,
+    record TEXT NOT NULL
+);
+CREATE INDEX keys_by_id ON keys (id);
+
+CREATE TABLE held_calls (
+    id TEXT PRIMARY KEY,
+    held TEXT NOT NULL
+);
+
+CREATE TABLE search_vectors (
+    key TEXT PRIMARY KEY,
+    vector BYTEA NOT NULL
+);

@@ -1,0 +1,826 @@
+//! [`PgStore`]: the store in a PostgreSQL database, shared by every node of a cluster.
+//!
+//! The schema is `migrations/*.sql`, applied in order at connect (sqlx's migrator, which
+//! takes an advisory lock, so nodes starting together apply each once). Compiled artifacts
+//! are not kept here: they belong to a node's engine and stay on its disk
+//! (`HostConfig::artifact_dir`).
+//!
+//! A write that other nodes cache (tools, policies, keys, configuration, held calls) sends a
+//! `NOTIFY` in its own transaction, so it is announced exactly when it is visible; every node
+//! `LISTEN`s and passes the notices on as [`Change`]s.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::migrate::{Migration, MigrationSource, MigrationType, Migrator};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row, Transaction};
+use tokio::sync::{broadcast, oneshot};
+use toolhost_spec::policy::TenantPolicy;
+
+use crate::{
+    Change, ConfigValue, HeldCall, KeyRecord, Result, SecretsKey, Store, StoreError, ToolEntry,
+    cache_bytes, cache_expired, kv_bytes, now_ms, open_config, over, quota_error, seal_config,
+};
+
+/// The channel every node listens on.
+const CHANNEL: &str = "toolhost_changes";
+
+/// The migrations, in order; a released one never changes (sqlx checks their checksums).
+const MIGRATIONS: &[(i64, &str, &str)] =
+    &[(1, "initial", include_str!("../migrations/0001_initial.sql"))];
+
+/// The migrations as sqlx's migrator takes them: compiled in, so a node needs no files.
+#[derive(Debug)]
+struct Embedded;
+
+impl MigrationSource<'static> for Embedded {
+    fn resolve(
+        self,
+    ) -> futures::future::BoxFuture<
+        'static,
+        std::result::Result<Vec<Migration>, sqlx::error::BoxDynError>,
+    > {
+        Box::pin(async {
+            Ok(MIGRATIONS
+                .iter()
+                .map(|&(version, description, sql)| {
+                    let (description, sql) = (Cow::Borrowed(description), Cow::Borrowed(sql));
+                    Migration::new(version, description, MigrationType::Simple, sql, false)
+                })
+                .collect())
+        })
+    }
+}
+
+/// How a [`PgStore`] connects.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// `postgres://user:password@host:port/database` (or `?host=/socket/dir`).
+    pub url: String,
+    /// Connections this node holds at most.
+    pub max_connections: u32,
+    /// How long an operation waits for a connection before it fails.
+    pub acquire_timeout: Duration,
+}
+
+impl PgOptions {
+    /// The defaults for `url`: 16 connections, 5 s to get one.
+    pub fn new(url: &str) -> Self {
+        PgOptions {
+            url: url.to_owned(),
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The PostgreSQL implementation of [`Store`].
+pub struct PgStore {
+    pool: PgPool,
+    secrets_key: Option<SecretsKey>,
+    /// This process's name in its notices, so that it skips its own.
+    node: String,
+    changes: broadcast::Sender<Change>,
+    /// Dropped with the store: stops its listener.
+    _stop_listening: oneshot::Sender<()>,
+}
+
+impl PgStore {
+    /// Connects, applies the migrations this database lacks, and starts listening for other
+    /// nodes' changes.
+    pub async fn connect(options: &PgOptions) -> Result<Self> {
+        let fail = |reason: String| StoreError::Open {
+            path: redact_password(&options.url),
+            reason,
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect(&options.url)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let migrator = Migrator::new(Embedded)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        migrator
+            .run(&pool)
+            .await
+            .map_err(|e| fail(format!("migrating the schema: {e}")))?;
+        let mut node = [0u8; 8];
+        getrandom::fill(&mut node).expect("the system's randomness is available");
+        let node: String = node.iter().map(|b| format!("{b:02x}")).collect();
+        let (changes, _) = broadcast::channel(1024);
+        let (stop_listening, stop) = oneshot::channel();
+        let listener = PgListener::connect_with(&pool)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        tokio::spawn(listen(listener, node.clone(), changes.clone(), stop));
+        Ok(PgStore {
+            pool,
+            secrets_key: None,
+            node,
+            changes,
+            _stop_listening: stop_listening,
+        })
+    }
+
+    /// Seals secret configuration values written from now on with `key`, and opens sealed
+    /// ones with it.
+    pub fn with_secrets_key(mut self, key: Option<SecretsKey>) -> Self {
+        self.secrets_key = key;
+        self
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
+        self.pool.begin().await.map_err(backend)
+    }
+
+    /// Queues `change` for the other nodes: sent when `tx` commits, never if it rolls back.
+    async fn announce(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        change: Change,
+    ) -> Result<()> {
+        let payload = format!("{} {}", self.node, change.to_notice());
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(payload)
+            .execute(&mut **tx)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// Runs one statement that changes what other nodes cache, and announces `change`.
+    async fn write_announced(
+        &self,
+        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        change: Change,
+    ) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let affected = query
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?
+            .rows_affected();
+        if affected > 0 {
+            self.announce(&mut tx, change).await?;
+        }
+        tx.commit().await.map_err(backend)?;
+        Ok(affected)
+    }
+
+    /// The tenant's counted bytes, its row locked until `tx` ends.
+    async fn locked_usage(tx: &mut Transaction<'static, Postgres>, tenant: &str) -> Result<u64> {
+        sqlx::query("INSERT INTO usage (tenant, bytes) VALUES ($1, 0) ON CONFLICT DO NOTHING")
+            .bind(tenant)
+            .execute(&mut **tx)
+            .await
+            .map_err(backend)?;
+        let used: i64 = sqlx::query_scalar("SELECT bytes FROM usage WHERE tenant = $1 FOR UPDATE")
+            .bind(tenant)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(backend)?;
+        Ok(used.max(0) as u64)
+    }
+
+    async fn charge(
+        tx: &mut Transaction<'static, Postgres>,
+        tenant: &str,
+        delta: i64,
+    ) -> Result<()> {
+        if delta != 0 {
+            sqlx::query("UPDATE usage SET bytes = GREATEST(bytes + $2, 0) WHERE tenant = $1")
+                .bind(tenant)
+                .bind(delta)
+                .execute(&mut **tx)
+                .await
+                .map_err(backend)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the tenant's expired results (all tenants' when `None`); how many, and the
+    /// bytes freed by tenant.
+    async fn purge_expired(
+        tx: &mut Transaction<'static, Postgres>,
+        tenant: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(usize, Vec<(String, i64)>)> {
+        // An expiry further off than any TTL means the clock went back: expired too.
+        let latest = now_ms.saturating_add(toolhost_spec::spec::CACHE_TTL_MS.max);
+        let rows = sqlx::query(
+            "DELETE FROM cache WHERE ($1::TEXT IS NULL OR tenant = $1) \
+             AND (expires_at_ms <= $2 OR expires_at_ms > $3) \
+             RETURNING tenant, length(key) AS key_len, octet_length(value) AS value_len",
+        )
+        .bind(tenant)
+        .bind(to_i64(now_ms))
+        .bind(to_i64(latest))
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(backend)?;
+        let (count, mut freed): (usize, Vec<(String, i64)>) = (rows.len(), Vec::new());
+        for row in rows {
+            let owner: String = row.get("tenant");
+            let bytes = cache_bytes(&owner, &[], 0)
+                + i64::from(row.get::<i32, _>("key_len"))
+                + i64::from(row.get::<i32, _>("value_len"));
+            match freed.iter_mut().find(|(t, _)| *t == owner) {
+                Some((_, total)) => *total += bytes,
+                None => freed.push((owner, bytes)),
+            }
+        }
+        Ok((count, freed))
+    }
+}
+
+/// Passes other nodes' notices on. After the connection drops, sqlx reconnects and
+/// re-listens; what was sent meanwhile is lost, so a [`Change::Resync`] tells the host to
+/// read everything again.
+async fn listen(
+    mut listener: PgListener,
+    node: String,
+    changes: broadcast::Sender<Change>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    if let Err(error) = listener.listen(CHANNEL).await {
+        tracing::error!(%error, "cannot listen for other nodes' changes");
+        return;
+    }
+    loop {
+        let notice = tokio::select! {
+            notice = listener.try_recv() => notice,
+            _ = &mut stop => return,
+        };
+        match notice {
+            Ok(Some(notice)) => {
+                let Some((from, change)) = notice.payload().split_once(' ') else {
+                    continue;
+                };
+                if from != node
+                    && let Some(change) = Change::from_notice(change)
+                {
+                    // No receiver yet is fine: nothing is cached to refresh.
+                    let _ = changes.send(change);
+                }
+            }
+            Ok(None) => {
+                tracing::warn!("lost the database connection that listens for changes");
+                let _ = changes.send(Change::Resync);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "listening for changes failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+fn backend(error: sqlx::Error) -> StoreError {
+    StoreError::Backend(error.to_string())
+}
+
+/// Milliseconds and byte counts as PostgreSQL's BIGINT.
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The URL without its password, to show in errors.
+fn redact_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        _ => url.split('@').next_back().unwrap_or(url).to_owned(),
+    }
+}
+
+/// A JSON record, or a corruption error naming it.
+fn parse<T: serde::de::DeserializeOwned>(what: &str, key: &str, json: &str) -> Result<T> {
+    serde_json::from_str(json).map_err(|e| StoreError::Corrupt {
+        key: format!("{what}/{key}"),
+        reason: e.to_string(),
+    })
+}
+
+/// Every record that parses; an unreadable one is logged and left in place.
+fn readable<T: serde::de::DeserializeOwned>(
+    what: &str,
+    rows: Vec<(String, String)>,
+) -> Vec<(String, T)> {
+    rows.into_iter()
+        .filter_map(|(key, json)| match parse(what, &key, &json) {
+            Ok(record) => Some((key, record)),
+            Err(error) => {
+                tracing::error!(%error, "{what} skipped");
+                None
+            }
+        })
+        .collect()
+}
+
+#[async_trait::async_trait]
+impl Store for PgStore {
+    async fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
+        let rows =
+            sqlx::query_as("SELECT tenant || '/' || name, entry FROM tools ORDER BY tenant, name")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend)?;
+        Ok(readable("tool record", rows)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect())
+    }
+
+    async fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
+        let rows = sqlx::query_as(
+            "SELECT tenant || '/' || name, entry FROM tools WHERE tenant = $1 ORDER BY name",
+        )
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(readable("tool record", rows)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect())
+    }
+
+    async fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let mut tenants: Vec<&str> = Vec::new();
+        for entry in entries {
+            let json = serde_json::to_string(entry).expect("an entry serializes");
+            sqlx::query(
+                "INSERT INTO tools (tenant, name, entry) VALUES ($1, $2, $3) \
+                 ON CONFLICT (tenant, name) DO UPDATE SET entry = EXCLUDED.entry",
+            )
+            .bind(&entry.tenant)
+            .bind(&entry.name)
+            .bind(json)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+            if !tenants.contains(&entry.tenant.as_str()) {
+                tenants.push(&entry.tenant);
+            }
+        }
+        for tenant in tenants {
+            let change = Change::Tools {
+                tenant: tenant.to_owned(),
+            };
+            self.announce(&mut tx, change).await?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool> {
+        let query = sqlx::query("DELETE FROM tools WHERE tenant = $1 AND name = $2")
+            .bind(tenant)
+            .bind(name);
+        let change = Change::Tools {
+            tenant: tenant.to_owned(),
+        };
+        Ok(self.write_announced(query, change).await? > 0)
+    }
+
+    async fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {
+        sqlx::query_scalar("SELECT bytes FROM blobs WHERE sha = $1")
+            .bind(sha)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)
+    }
+
+    async fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
+        // Content-addressed: the same sha is the same bytes, so a second write is a no-op.
+        sqlx::query("INSERT INTO blobs (sha, bytes) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+            .bind(sha)
+            .bind(bytes)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// The blob only: the artifact is this node's, kept on its disk.
+    async fn put_component(&self, sha: &str, bytes: &[u8], _: &str, _: &[u8]) -> Result<()> {
+        self.put_blob(sha, bytes).await
+    }
+
+    async fn artifact(&self, _: &str, _: &str) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+
+    async fn put_artifact(&self, _: &str, _: &str, _: &[u8]) -> Result<()> {
+        Ok(())
+    }
+
+    async fn collect_blobs(
+        &self,
+        live: &(dyn for<'a> Fn(&'a str) -> bool + Sync),
+    ) -> Result<usize> {
+        let entries: Vec<(String, String)> =
+            sqlx::query_as("SELECT tenant || '/' || name, entry FROM tools")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend)?;
+        let unreadable = entries
+            .iter()
+            .filter(|(_, json)| serde_json::from_str::<ToolEntry>(json).is_err())
+            .count();
+        if unreadable > 0 {
+            tracing::warn!(unreadable, "tool records unreadable: no blob collected");
+            return Ok(0);
+        }
+        // What another node installed since `live` was taken is referenced in the database.
+        let referenced: std::collections::HashSet<String> = entries
+            .iter()
+            .filter_map(|(_, json)| serde_json::from_str::<ToolEntry>(json).ok())
+            .flat_map(|entry| entry.versions.into_iter().map(|v| v.component))
+            .collect();
+        let shas: Vec<String> = sqlx::query_scalar("SELECT sha FROM blobs")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
+        let dead: Vec<String> = shas
+            .into_iter()
+            .filter(|sha| !live(sha) && !referenced.contains(sha))
+            .collect();
+        if dead.is_empty() {
+            return Ok(0);
+        }
+        let removed = sqlx::query("DELETE FROM blobs WHERE sha = ANY($1)")
+            .bind(&dead)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(removed.rows_affected() as usize)
+    }
+
+    async fn cache_get(&self, tenant: &str, key: &[u8], now_ms: u64) -> Result<Option<Value>> {
+        let row: Option<(i64, String)> =
+            sqlx::query_as("SELECT expires_at_ms, value FROM cache WHERE tenant = $1 AND key = $2")
+                .bind(tenant)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+        let Some((expires_at_ms, json)) = row else {
+            return Ok(None);
+        };
+        if cache_expired(expires_at_ms.max(0) as u64, now_ms) {
+            let mut tx = self.begin().await?;
+            Self::locked_usage(&mut tx, tenant).await?;
+            let removed: Option<i32> = sqlx::query_scalar(
+                "DELETE FROM cache WHERE tenant = $1 AND key = $2 RETURNING octet_length(value)",
+            )
+            .bind(tenant)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(backend)?;
+            if let Some(len) = removed {
+                Self::charge(&mut tx, tenant, -cache_bytes(tenant, key, len as usize)).await?;
+            }
+            tx.commit().await.map_err(backend)?;
+            return Ok(None);
+        }
+        // A damaged entry is a miss, not an error: the tool can always run again.
+        Ok(serde_json::from_str(&json).ok())
+    }
+
+    async fn cache_put(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expires_at_ms: u64,
+        value: &Value,
+        quota: u64,
+    ) -> Result<()> {
+        let json = serde_json::to_string(value).expect("a Value serializes");
+        let mut tx = self.begin().await?;
+        let mut used = Self::locked_usage(&mut tx, tenant).await?;
+        let old: Option<i32> = sqlx::query_scalar(
+            "SELECT octet_length(value) FROM cache WHERE tenant = $1 AND key = $2",
+        )
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        let old = old.map_or(0, |len| cache_bytes(tenant, key, len as usize));
+        let delta = cache_bytes(tenant, key, json.len()) - old;
+        if over(used, delta, quota) {
+            let (_, freed) = Self::purge_expired(&mut tx, Some(tenant), now_ms()).await?;
+            for (_, freed) in freed {
+                Self::charge(&mut tx, tenant, -freed).await?;
+                used = used.saturating_sub(freed.max(0) as u64);
+            }
+        }
+        if over(used, delta, quota) {
+            return Err(quota_error(used, delta, quota));
+        }
+        sqlx::query(
+            "INSERT INTO cache (tenant, key, expires_at_ms, value) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (tenant, key) DO UPDATE \
+             SET expires_at_ms = EXCLUDED.expires_at_ms, value = EXCLUDED.value",
+        )
+        .bind(tenant)
+        .bind(key)
+        .bind(to_i64(expires_at_ms))
+        .bind(&json)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        Self::charge(&mut tx, tenant, delta).await?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn cache_purge(&self, now_ms: u64) -> Result<usize> {
+        let mut tx = self.begin().await?;
+        let (count, freed) = Self::purge_expired(&mut tx, None, now_ms).await?;
+        for (tenant, bytes) in &freed {
+            Self::locked_usage(&mut tx, tenant).await?;
+            Self::charge(&mut tx, tenant, -bytes).await?;
+        }
+        tx.commit().await.map_err(backend)?;
+        Ok(count)
+    }
+
+    async fn kv_get(&self, tenant: &str, tool: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        sqlx::query_scalar("SELECT value FROM kv WHERE tenant = $1 AND tool = $2 AND key = $3")
+            .bind(tenant)
+            .bind(tool)
+            .bind(key.as_bytes())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)
+    }
+
+    async fn kv_set(
+        &self,
+        tenant: &str,
+        tool: &str,
+        key: &str,
+        value: &[u8],
+        quota: u64,
+    ) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let used = Self::locked_usage(&mut tx, tenant).await?;
+        let old: Option<i32> = sqlx::query_scalar(
+            "SELECT length(value) FROM kv WHERE tenant = $1 AND tool = $2 AND key = $3",
+        )
+        .bind(tenant)
+        .bind(tool)
+        .bind(key.as_bytes())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        let old = old.map_or(0, |len| kv_bytes(tenant, tool, key, len as usize));
+        let delta = kv_bytes(tenant, tool, key, value.len()) - old;
+        if over(used, delta, quota) {
+            return Err(quota_error(used, delta, quota));
+        }
+        sqlx::query(
+            "INSERT INTO kv (tenant, tool, key, value) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (tenant, tool, key) DO UPDATE SET value = EXCLUDED.value",
+        )
+        .bind(tenant)
+        .bind(tool)
+        .bind(key.as_bytes())
+        .bind(value)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        Self::charge(&mut tx, tenant, delta).await?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn kv_delete(&self, tenant: &str, tool: &str, key: &str) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        Self::locked_usage(&mut tx, tenant).await?;
+        let removed: Option<i32> = sqlx::query_scalar(
+            "DELETE FROM kv WHERE tenant = $1 AND tool = $2 AND key = $3 RETURNING length(value)",
+        )
+        .bind(tenant)
+        .bind(tool)
+        .bind(key.as_bytes())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        if let Some(len) = removed {
+            Self::charge(&mut tx, tenant, -kv_bytes(tenant, tool, key, len as usize)).await?;
+        }
+        tx.commit().await.map_err(backend)?;
+        Ok(removed.is_some())
+    }
+
+    async fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize> {
+        let count: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM kv WHERE tenant = $1 AND tool = $2")
+                .bind(tenant)
+                .bind(tool)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(backend)?;
+        Ok(count as usize)
+    }
+
+    async fn data_bytes(&self, tenant: &str) -> Result<u64> {
+        let used: Option<i64> = sqlx::query_scalar("SELECT bytes FROM usage WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(used.unwrap_or(0).max(0) as u64)
+    }
+
+    async fn config_get(&self, tenant: &str, key: &str) -> Result<Option<ConfigValue>> {
+        let json: Option<String> =
+            sqlx::query_scalar("SELECT value FROM config WHERE tenant = $1 AND key = $2")
+                .bind(tenant)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+        json.map(|json| {
+            let stored = parse("config", &format!("{tenant}/{key}"), &json)?;
+            open_config(self.secrets_key.as_ref(), tenant, key, stored)
+        })
+        .transpose()
+    }
+
+    async fn config_set(&self, tenant: &str, key: &str, value: &ConfigValue) -> Result<()> {
+        let stored = seal_config(self.secrets_key.as_ref(), tenant, key, value);
+        let json = serde_json::to_string(&stored).expect("a config value serializes");
+        let query = sqlx::query(
+            "INSERT INTO config (tenant, key, value) VALUES ($1, $2, $3) \
+             ON CONFLICT (tenant, key) DO UPDATE SET value = EXCLUDED.value",
+        )
+        .bind(tenant)
+        .bind(key)
+        .bind(json);
+        let change = Change::Config {
+            tenant: tenant.to_owned(),
+        };
+        self.write_announced(query, change).await.map(drop)
+    }
+
+    async fn config_delete(&self, tenant: &str, key: &str) -> Result<bool> {
+        let query = sqlx::query("DELETE FROM config WHERE tenant = $1 AND key = $2")
+            .bind(tenant)
+            .bind(key);
+        let change = Change::Config {
+            tenant: tenant.to_owned(),
+        };
+        Ok(self.write_announced(query, change).await? > 0)
+    }
+
+    async fn config_keys(&self, tenant: &str) -> Result<Vec<String>> {
+        sqlx::query_scalar("SELECT key FROM config WHERE tenant = $1 ORDER BY key")
+            .bind(tenant)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)
+    }
+
+    async fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>> {
+        let json: Option<String> =
+            sqlx::query_scalar("SELECT policy FROM policies WHERE tenant = $1")
+                .bind(tenant)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+        json.map(|json| parse("policy", tenant, &json)).transpose()
+    }
+
+    async fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()> {
+        let json = serde_json::to_string(policy).expect("a policy serializes");
+        let query = sqlx::query(
+            "INSERT INTO policies (tenant, policy) VALUES ($1, $2) \
+             ON CONFLICT (tenant) DO UPDATE SET policy = EXCLUDED.policy",
+        )
+        .bind(tenant)
+        .bind(json);
+        let change = Change::Policy {
+            tenant: tenant.to_owned(),
+        };
+        self.write_announced(query, change).await.map(drop)
+    }
+
+    async fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
+        let created = sqlx::query(
+            "INSERT INTO tenants (tenant, created_at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(tenant)
+        .bind(to_i64(created_at_ms))
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(created.rows_affected() > 0)
+    }
+
+    async fn tenants(&self) -> Result<Vec<String>> {
+        sqlx::query_scalar("SELECT tenant FROM tenants ORDER BY tenant")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)
+    }
+
+    async fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()> {
+        let json = serde_json::to_string(record).expect("a key record serializes");
+        let query = sqlx::query(
+            "INSERT INTO keys (hash, id, record) VALUES ($1, $2, $3) \
+             ON CONFLICT (hash) DO UPDATE SET id = EXCLUDED.id, record = EXCLUDED.record",
+        )
+        .bind(key_hash)
+        .bind(&record.id)
+        .bind(json);
+        self.write_announced(query, Change::Keys).await.map(drop)
+    }
+
+    async fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>> {
+        let json: Option<String> = sqlx::query_scalar("SELECT record FROM keys WHERE hash = $1")
+            .bind(key_hash)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        json.map(|json| parse("key", key_hash, &json)).transpose()
+    }
+
+    async fn keys(&self) -> Result<Vec<KeyRecord>> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT hash, record FROM keys ORDER BY hash")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend)?;
+        rows.iter()
+            .map(|(hash, json)| parse("key", hash, json))
+            .collect()
+    }
+
+    async fn key_revoke(&self, id: &str) -> Result<bool> {
+        let query = sqlx::query("DELETE FROM keys WHERE id = $1").bind(id);
+        Ok(self.write_announced(query, Change::Keys).await? > 0)
+    }
+
+    async fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()> {
+        let json = serde_json::to_string(held).expect("a held call serializes");
+        let query = sqlx::query(
+            "INSERT INTO held_calls (id, held) VALUES ($1, $2) \
+             ON CONFLICT (id) DO UPDATE SET held = EXCLUDED.held",
+        )
+        .bind(call_id)
+        .bind(json);
+        self.write_announced(query, Change::HeldCalls)
+            .await
+            .map(drop)
+    }
+
+    /// True for exactly one caller however many nodes remove it at once: the one whose
+    /// `DELETE` removed the row runs the call.
+    async fn held_call_remove(&self, call_id: &str) -> Result<bool> {
+        let query = sqlx::query("DELETE FROM held_calls WHERE id = $1").bind(call_id);
+        Ok(self.write_announced(query, Change::HeldCalls).await? > 0)
+    }
+
+    async fn held_calls(&self) -> Result<Vec<(String, HeldCall)>> {
+        let rows = sqlx::query_as("SELECT id, held FROM held_calls ORDER BY id")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(readable("held call", rows))
+    }
+
+    async fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        sqlx::query_scalar("SELECT vector FROM search_vectors WHERE key = $1")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)
+    }
+
+    async fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO search_vectors (key, vector) VALUES ($1, $2) \
+             ON CONFLICT (key) DO UPDATE SET vector = EXCLUDED.vector",
+        )
+        .bind(key)
+        .bind(vector)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(())
+    }
+
+    fn changes(&self) -> Option<broadcast::Receiver<Change>> {
+        Some(self.changes.subscribe())
+    }
+}

@@ -1,0 +1,1172 @@
+//! [`RedbStore`]: the store in one redb file in the data directory, for one process.
+//!
+//! | table       | key                            | value                                     |
+//! |-------------|--------------------------------|-------------------------------------------|
+//! | `tools`     | `tenant \0 name`               | [`ToolEntry`] JSON: every kept version (spec, source kind, component sha256, installed-at) |
+//! | `blobs`     | component sha256 (hex)         | the uploaded component bytes              |
+//! | `artifacts` | `sha256 : engine fingerprint`  | sha256 of the artifact, then the artifact |
+//! | `cache`     | `tenant \0` sha256 of (tool, version, key) | expiry (u64 BE ms), then result JSON |
+//! | `kv`        | `tenant \0 tool \0 key`        | the value bytes                           |
+//! | `config`    | `tenant \0 key`                | [`ConfigValue`] JSON                      |
+//! | `policies`  | `tenant`                       | [`TenantPolicy`] JSON                     |
+//! | `tenants`   | `tenant`                       | created-at (u64 BE ms)                    |
+//! | `keys`      | sha256 of the API key (hex)    | [`KeyRecord`] JSON                        |
+//! | `held_calls`| call id                        | [`HeldCall`] JSON                         |
+//! | `search_vectors` | model fingerprint and text digest | the vector's bytes               |
+//! | `usage`     | `tenant`                       | bytes of its KV and cache entries (u64 BE) |
+//!
+//! Each write is one redb transaction, on disk (synced) before it returns; cached results and
+//! search vectors, which are computed again if lost, are synced lazily. redb blocks: every
+//! method of the [`Store`] runs on tokio's blocking threads.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use toolhost_spec::policy::TenantPolicy;
+
+use crate::{
+    ConfigValue, HeldCall, KeyRecord, Result, SecretsKey, Store, StoreError, ToolEntry,
+    cache_expired, now_ms, open_config, over, quota_error, seal_config,
+};
+
+fn key(parts: &[&str]) -> Vec<u8> {
+    parts.join("\0").into_bytes()
+}
+
+/// A table of the store: byte keys to byte values.
+type Table = TableDefinition<'static, &'static [u8], &'static [u8]>;
+
+const TOOLS: Table = TableDefinition::new("tools");
+const BLOBS: Table = TableDefinition::new("blobs");
+const ARTIFACTS: Table = TableDefinition::new("artifacts");
+const CACHE: Table = TableDefinition::new("cache");
+const KV: Table = TableDefinition::new("kv");
+const CONFIG: Table = TableDefinition::new("config");
+const TENANTS: Table = TableDefinition::new("tenants");
+const KEYS: Table = TableDefinition::new("keys");
+const POLICIES: Table = TableDefinition::new("policies");
+const HELD_CALLS: Table = TableDefinition::new("held_calls");
+const SEARCH_VECTORS: Table = TableDefinition::new("search_vectors");
+/// Bytes of each tenant's data (KV and cache entries, keys included), kept with every write.
+const USAGE: Table = TableDefinition::new("usage");
+const TABLES: [Table; 12] = [
+    TOOLS,
+    BLOBS,
+    ARTIFACTS,
+    CACHE,
+    KV,
+    CONFIG,
+    TENANTS,
+    KEYS,
+    POLICIES,
+    HELD_CALLS,
+    SEARCH_VECTORS,
+    USAGE,
+];
+
+/// The store's file in the data directory.
+pub const STORE_FILE: &str = "store.redb";
+
+/// Writes that may be lost in a crash (cached results, search vectors) are committed without
+/// a sync; every this many of them, one is synced so that the space they free is reused.
+const LAZY_COMMITS_PER_SYNC: u32 = 64;
+
+/// The redb implementation of [`Store`]: one file in the data directory, one process.
+pub struct RedbStore {
+    file: Arc<RedbFile>,
+    /// Seals secret configuration values at rest; without it they are stored as given.
+    secrets_key: Option<SecretsKey>,
+}
+
+/// The file and its synchronous operations, which [`RedbStore`] runs on blocking threads.
+struct RedbFile {
+    db: redb::Database,
+    /// Held for the life of the store: one process per data directory.
+    _lock: Option<std::fs::File>,
+    /// Why a write failed, if one did: the store takes no more writes.
+    failing: Mutex<Option<String>>,
+    /// Commits without a sync since the last synced one.
+    lazy_commits: AtomicU32,
+    /// The store's file as opened: a write checks that it is still the one at its path.
+    file: Option<OpenedFile>,
+}
+
+/// A file by path and identity.
+struct OpenedFile {
+    path: std::path::PathBuf,
+    id: (u64, u64),
+}
+
+impl OpenedFile {
+    fn new(path: std::path::PathBuf) -> std::io::Result<Self> {
+        let meta = std::fs::metadata(&path)?;
+        Ok(OpenedFile {
+            id: (meta.dev(), meta.ino()),
+            path,
+        })
+    }
+
+    /// Why the file at the path is no longer this one, if it is not. Writes to a file whose
+    /// directory was removed would succeed and be lost at the next start.
+    fn gone(&self) -> Option<String> {
+        match std::fs::metadata(&self.path) {
+            Ok(meta) if (meta.dev(), meta.ino()) == self.id => None,
+            _ => Some(format!(
+                "the store's file {} was removed or replaced (its data directory removed or \
+                 unmounted?) while this process had it open",
+                self.path.display()
+            )),
+        }
+    }
+}
+
+/// Whether a write must be on disk when it returns.
+#[derive(Clone, Copy, PartialEq)]
+enum Commit {
+    /// On disk when the write returns.
+    Durable,
+    /// A cache: lost in a crash, it is computed again.
+    Lazy,
+}
+
+impl RedbFile {
+    /// Opens `dir` with the store's page cache capped at `cache_bytes`.
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
+        let fail = |e: &dyn std::fmt::Display| StoreError::Open {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        };
+        std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
+        // Owner only: the store holds secrets and compiled code, and the admin socket lives
+        // here too, so no other local user may even reach a path below it.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| fail(&e))?;
+        let lock = std::fs::File::create(dir.join("toolhost.lock")).map_err(|e| fail(&e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Locked {
+                    path: dir.display().to_string(),
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(fail(&e)),
+        }
+        let file = dir.join(STORE_FILE);
+        if !file.exists() && dir.join("db").is_dir() {
+            // Left untouched rather than shown as an empty store.
+            return Err(fail(
+                &"it holds a store of toolhost 0.1 (sled, in `db/`), which this \
+                version cannot read: keep using the toolhost that wrote it, or move `db/` \
+                away to start empty",
+            ));
+        }
+        let db = redb::Database::builder()
+            .set_cache_size(usize::try_from(cache_bytes).unwrap_or(usize::MAX))
+            .create(&file)
+            .map_err(|e| fail(&e))?;
+        let mut store = Self::from_db(db, Some(lock))?;
+        store.file = Some(OpenedFile::new(file).map_err(|e| fail(&e))?);
+        Ok(store)
+    }
+
+    /// A store that lives only as long as this value, in memory.
+    pub fn temporary() -> Result<Self> {
+        let db = redb::Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(backend)?;
+        Self::from_db(db, None)
+    }
+
+    fn from_db(db: redb::Database, lock: Option<std::fs::File>) -> Result<Self> {
+        let store = RedbFile {
+            db,
+            _lock: lock,
+            failing: Mutex::new(None),
+            lazy_commits: AtomicU32::new(0),
+            file: None,
+        };
+        // Every table exists from the start, so that a read never meets a missing one. A
+        // store written before usage was kept gets it counted once.
+        store.write(Commit::Durable, |tx| {
+            let counted = tx.list_tables()?.any(|table| table.name() == USAGE.name());
+            for table in TABLES {
+                tx.open_table(table)?;
+            }
+            if !counted {
+                recount_usage(tx)?;
+            }
+            Ok(())
+        })?;
+        Ok(store)
+    }
+
+    /// Runs `write` in one transaction and commits it: all of it is stored, or none. Once a
+    /// write has failed, or the file is gone, none is tried again in this process (the disk is
+    /// full or failing: a restart once it is fixed recovers, with every acknowledged write).
+    fn write<T>(
+        &self,
+        commit: Commit,
+        write: impl FnOnce(&redb::WriteTransaction) -> std::result::Result<T, redb::Error>,
+    ) -> Result<T> {
+        if let Err(reason) = self.health() {
+            return Err(StoreError::Backend(format!(
+                "{reason} (this process takes no more writes: restart it once the disk is fixed)"
+            )));
+        }
+        let lazy = commit == Commit::Lazy
+            && !(self.lazy_commits.fetch_add(1, Ordering::Relaxed))
+                .is_multiple_of(LAZY_COMMITS_PER_SYNC);
+        let committed = (|| {
+            let mut tx = self.db.begin_write()?;
+            if lazy {
+                tx.set_durability(redb::Durability::None)?;
+            }
+            let value = write(&tx)?;
+            tx.commit()?;
+            Ok(value)
+        })();
+        committed.map_err(|error: redb::Error| {
+            tracing::error!(%error, "the store cannot write to its disk");
+            *self.failing.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
+            backend(error)
+        })
+    }
+
+    /// Runs `read` on a snapshot of `table`.
+    fn read<T>(
+        &self,
+        table: Table,
+        read: impl FnOnce(&redb::ReadOnlyTable<&'static [u8], &'static [u8]>) -> Result<T>,
+    ) -> Result<T> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        read(&tx.open_table(table).map_err(backend)?)
+    }
+
+    /// The value at `key` in `table`.
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.read(table, |t| {
+            Ok(t.get(key).map_err(backend)?.map(|v| v.value().to_vec()))
+        })
+    }
+
+    /// Every entry of `table` whose key starts with `prefix`, in key order.
+    fn scan(&self, table: Table, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.read(table, |t| {
+            let mut entries = Vec::new();
+            for entry in t.range(prefix..).map_err(backend)? {
+                let (key, value) = entry.map_err(backend)?;
+                if !key.value().starts_with(prefix) {
+                    break;
+                }
+                entries.push((key.value().to_vec(), value.value().to_vec()));
+            }
+            Ok(entries)
+        })
+    }
+
+    /// Stores `value` at `key` in `table`.
+    fn put(&self, table: Table, key: &[u8], value: &[u8], commit: Commit) -> Result<()> {
+        self.write(commit, |tx| {
+            tx.open_table(table)?.insert(key, value)?;
+            Ok(())
+        })
+    }
+
+    /// Removes `key` from `table`; whether it was there.
+    fn remove(&self, table: Table, key: &[u8]) -> Result<bool> {
+        self.write(Commit::Durable, |tx| {
+            Ok(tx.open_table(table)?.remove(key)?.is_some())
+        })
+    }
+
+    /// The JSON record at `key`, if any; one that does not parse is a corruption error
+    /// naming it.
+    fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        table: Table,
+        key: &[u8],
+    ) -> Result<Option<T>> {
+        match self.get(table, key)? {
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| corrupt(key, e)),
+            None => Ok(None),
+        }
+    }
+}
+
+fn backend(error: impl Into<redb::Error>) -> StoreError {
+    StoreError::Backend(error.into().to_string())
+}
+
+/// Every record that parses. An unreadable one (damaged, or from an incompatible version) is
+/// logged and left in place, untouched: one bad record must not stop every tenant's tools.
+fn readable<T: serde::de::DeserializeOwned>(
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    what: &str,
+) -> Vec<(Vec<u8>, T)> {
+    entries
+        .into_iter()
+        .filter_map(|(key, value)| match serde_json::from_slice(&value) {
+            Ok(record) => Some((key, record)),
+            Err(e) => {
+                tracing::error!(error = %corrupt(&key, e), "{what} skipped");
+                None
+            }
+        })
+        .collect()
+}
+
+fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        key: String::from_utf8_lossy(key).replace('\0', "/"),
+        reason: error.to_string(),
+    }
+}
+
+/// A cached result as stored: its expiry (u64 BE ms), then its JSON.
+fn cache_expiry(stored: &[u8]) -> u64 {
+    stored
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_be_bytes)
+}
+
+/// A tenant's cached result is keyed under the tenant, so that its bytes are charged to it.
+fn cache_key(tenant: &str, key: &[u8]) -> Vec<u8> {
+    [tenant.as_bytes(), b"\0", key].concat()
+}
+
+/// The tenant a KV or cache key belongs to: its first part.
+fn key_tenant(key: &[u8]) -> String {
+    let end = key.iter().position(|&b| b == 0).unwrap_or(key.len());
+    String::from_utf8_lossy(&key[..end]).into_owned()
+}
+
+/// What an entry costs its tenant: key and value, or nothing if there is none.
+fn entry_bytes(key: &[u8], value_len: Option<usize>) -> i64 {
+    value_len.map_or(0, |len| (key.len() + len) as i64)
+}
+
+fn be_u64(bytes: &[u8]) -> u64 {
+    bytes.try_into().map_or(0, u64::from_be_bytes)
+}
+
+/// Bytes of `tenant`'s data, as counted in the transaction.
+fn usage(tx: &redb::WriteTransaction, tenant: &str) -> std::result::Result<u64, redb::Error> {
+    let table = tx.open_table(USAGE)?;
+    let stored = table.get(tenant.as_bytes())?;
+    Ok(stored.map_or(0, |v| be_u64(v.value())))
+}
+
+/// Adds `delta` bytes (negative: frees) to `tenant`'s count.
+fn charge(
+    tx: &redb::WriteTransaction,
+    tenant: &str,
+    delta: i64,
+) -> std::result::Result<(), redb::Error> {
+    if delta == 0 {
+        return Ok(());
+    }
+    let used = usage(tx, tenant)?.saturating_add_signed(delta);
+    tx.open_table(USAGE)?
+        .insert(tenant.as_bytes(), &used.to_be_bytes()[..])?;
+    Ok(())
+}
+
+/// Removes the expired results under `prefix`; the bytes they held.
+fn purge_expired(
+    cache: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
+    prefix: &[u8],
+    now_ms: u64,
+) -> std::result::Result<i64, redb::Error> {
+    let mut expired = Vec::new();
+    for entry in cache.range(prefix..)? {
+        let (key, stored) = entry?;
+        if !key.value().starts_with(prefix) {
+            break;
+        }
+        if cache_expired(cache_expiry(stored.value()), now_ms) {
+            expired.push(key.value().to_vec());
+        }
+    }
+    let mut freed = 0;
+    for key in expired {
+        let removed = cache.remove(&key[..])?.map(|v| v.value().len());
+        freed += entry_bytes(&key, removed);
+    }
+    Ok(freed)
+}
+
+/// Counts every tenant's data from its KV and cache entries.
+fn recount_usage(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
+    let mut used: std::collections::HashMap<String, u64> = Default::default();
+    for table in [KV, CACHE] {
+        for entry in tx.open_table(table)?.iter()? {
+            let (key, value) = entry?;
+            *used.entry(key_tenant(key.value())).or_default() +=
+                (key.value().len() + value.value().len()) as u64;
+        }
+    }
+    let mut usage = tx.open_table(USAGE)?;
+    for (tenant, bytes) in used {
+        usage.insert(tenant.as_bytes(), &bytes.to_be_bytes()[..])?;
+    }
+    Ok(())
+}
+
+impl RedbFile {
+    fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
+        let entries = self.scan(TOOLS, b"")?;
+        Ok(readable(entries, "tool record")
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect())
+    }
+
+    fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
+        let entries = self.scan(TOOLS, &[tenant.as_bytes(), b"\0"].concat())?;
+        Ok(readable(entries, "tool record")
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect())
+    }
+
+    fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {
+        self.write(Commit::Durable, |tx| {
+            let mut tools = tx.open_table(TOOLS)?;
+            for entry in entries {
+                let value = serde_json::to_vec(entry).expect("an entry serializes");
+                tools.insert(&key(&[&entry.tenant, &entry.name])[..], &value[..])?;
+            }
+            Ok(())
+        })
+    }
+
+    fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool> {
+        self.remove(TOOLS, &key(&[tenant, name]))
+    }
+
+    fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {
+        self.get(BLOBS, sha.as_bytes())
+    }
+
+    fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
+        self.put(BLOBS, sha.as_bytes(), bytes, Commit::Durable)
+    }
+
+    fn put_component(
+        &self,
+        sha: &str,
+        bytes: &[u8],
+        fingerprint: &str,
+        artifact: &[u8],
+    ) -> Result<()> {
+        let stored = [&Sha256::digest(artifact)[..], artifact].concat();
+        self.write(Commit::Durable, |tx| {
+            tx.open_table(BLOBS)?.insert(sha.as_bytes(), bytes)?;
+            let key = format!("{sha}:{fingerprint}");
+            tx.open_table(ARTIFACTS)?
+                .insert(key.as_bytes(), &stored[..])?;
+            Ok(())
+        })
+    }
+
+    fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>> {
+        let key = format!("{sha}:{fingerprint}");
+        let Some(mut stored) = self.get(ARTIFACTS, key.as_bytes())? else {
+            return Ok(None);
+        };
+        if stored.len() >= 32 && Sha256::digest(&stored[32..])[..] == stored[..32] {
+            return Ok(Some(stored.split_off(32)));
+        }
+        tracing::warn!(
+            component = sha,
+            "compiled artifact failed its checksum; recompiling"
+        );
+        self.remove(ARTIFACTS, key.as_bytes())?;
+        Ok(None)
+    }
+
+    fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()> {
+        let stored = [&Sha256::digest(artifact)[..], artifact].concat();
+        let key = format!("{sha}:{fingerprint}");
+        self.put(ARTIFACTS, key.as_bytes(), &stored, Commit::Durable)
+    }
+
+    /// Every blob's sha, or `None` while a tool record is unreadable: what it refers to is
+    /// unknown, so nothing may be collected.
+    fn blob_shas_if_entries_readable(&self) -> Result<Option<Vec<String>>> {
+        let unreadable = self
+            .scan(TOOLS, b"")?
+            .iter()
+            .filter(|(_, value)| serde_json::from_slice::<ToolEntry>(value).is_err())
+            .count();
+        if unreadable > 0 {
+            tracing::warn!(unreadable, "tool records unreadable: no blob collected");
+            return Ok(None);
+        }
+        let shas = self.read(BLOBS, |blobs| {
+            let mut shas = Vec::new();
+            for entry in blobs.iter().map_err(backend)? {
+                shas.push(String::from_utf8_lossy(entry.map_err(backend)?.0.value()).into_owned());
+            }
+            Ok(shas)
+        })?;
+        Ok(Some(shas))
+    }
+
+    /// Removes these blobs and their compiled artifacts, in one transaction.
+    fn remove_blobs(&self, dead: &[String]) -> Result<()> {
+        let artifacts: Vec<Vec<u8>> = dead
+            .iter()
+            .map(|sha| self.scan(ARTIFACTS, format!("{sha}:").as_bytes()))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .map(|(key, _)| key)
+            .collect();
+        self.write(Commit::Durable, |tx| {
+            let mut blobs = tx.open_table(BLOBS)?;
+            for sha in dead {
+                blobs.remove(sha.as_bytes())?;
+            }
+            let mut stored = tx.open_table(ARTIFACTS)?;
+            for key in &artifacts {
+                stored.remove(&key[..])?;
+            }
+            Ok(())
+        })
+    }
+
+    fn cache_get(&self, tenant: &str, key: &[u8], now_ms: u64) -> Result<Option<Value>> {
+        let key = cache_key(tenant, key);
+        let Some(stored) = self.get(CACHE, &key)? else {
+            return Ok(None);
+        };
+        if cache_expired(cache_expiry(&stored), now_ms) {
+            self.write(Commit::Durable, |tx| {
+                let removed = tx
+                    .open_table(CACHE)?
+                    .remove(&key[..])?
+                    .map(|v| v.value().len());
+                charge(tx, tenant, -entry_bytes(&key, removed))
+            })?;
+            return Ok(None);
+        }
+        // A damaged entry is a miss, not an error: the tool can always run again.
+        Ok(serde_json::from_slice(&stored[8..]).ok())
+    }
+
+    fn cache_put(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expires_at_ms: u64,
+        value: &Value,
+        quota: u64,
+    ) -> Result<()> {
+        let json = serde_json::to_vec(value).expect("a Value serializes");
+        let stored = [&expires_at_ms.to_be_bytes()[..], &json].concat();
+        let key = cache_key(tenant, key);
+        self.write(Commit::Lazy, |tx| {
+            let mut cache = tx.open_table(CACHE)?;
+            let old = cache.get(&key[..])?.map(|v| v.value().len());
+            let delta = entry_bytes(&key, Some(stored.len())) - entry_bytes(&key, old);
+            let mut used = usage(tx, tenant)?;
+            if over(used, delta, quota) {
+                let freed = purge_expired(&mut cache, &cache_key(tenant, b""), now_ms())?;
+                charge(tx, tenant, -freed)?;
+                used = usage(tx, tenant)?;
+            }
+            if over(used, delta, quota) {
+                return Ok(Err(quota_error(used, delta, quota)));
+            }
+            cache.insert(&key[..], &stored[..])?;
+            charge(tx, tenant, delta)?;
+            Ok(Ok(()))
+        })?
+    }
+
+    fn cache_purge(&self, now_ms: u64) -> Result<usize> {
+        self.write(Commit::Durable, |tx| {
+            let mut cache = tx.open_table(CACHE)?;
+            let mut freed: std::collections::HashMap<String, i64> = Default::default();
+            let expired: Vec<Vec<u8>> = cache
+                .iter()?
+                .filter_map(|entry| {
+                    let (key, stored) = entry.ok()?;
+                    cache_expired(cache_expiry(stored.value()), now_ms)
+                        .then(|| key.value().to_vec())
+                })
+                .collect();
+            for key in &expired {
+                let removed = cache.remove(&key[..])?.map(|v| v.value().len());
+                *freed.entry(key_tenant(key)).or_default() += entry_bytes(key, removed);
+            }
+            for (tenant, bytes) in freed {
+                charge(tx, &tenant, -bytes)?;
+            }
+            Ok(expired.len())
+        })
+    }
+
+    fn kv_get(&self, tenant: &str, tool: &str, k: &str) -> Result<Option<Vec<u8>>> {
+        self.get(KV, &key(&[tenant, tool, k]))
+    }
+
+    fn kv_set(&self, tenant: &str, tool: &str, k: &str, value: &[u8], quota: u64) -> Result<()> {
+        let key = key(&[tenant, tool, k]);
+        self.write(Commit::Durable, |tx| {
+            let mut kv = tx.open_table(KV)?;
+            let old = kv.get(&key[..])?.map(|v| v.value().len());
+            let delta = entry_bytes(&key, Some(value.len())) - entry_bytes(&key, old);
+            let used = usage(tx, tenant)?;
+            if over(used, delta, quota) {
+                return Ok(Err(quota_error(used, delta, quota)));
+            }
+            kv.insert(&key[..], value)?;
+            charge(tx, tenant, delta)?;
+            Ok(Ok(()))
+        })?
+    }
+
+    fn kv_delete(&self, tenant: &str, tool: &str, k: &str) -> Result<bool> {
+        let key = key(&[tenant, tool, k]);
+        self.write(Commit::Durable, |tx| {
+            let removed = tx
+                .open_table(KV)?
+                .remove(&key[..])?
+                .map(|v| v.value().len());
+            charge(tx, tenant, -entry_bytes(&key, removed))?;
+            Ok(removed.is_some())
+        })
+    }
+
+    fn data_bytes(&self, tenant: &str) -> Result<u64> {
+        let tx = self.db.begin_read().map_err(backend)?;
+        let table = tx.open_table(USAGE).map_err(backend)?;
+        let stored = table.get(tenant.as_bytes()).map_err(backend)?;
+        Ok(stored.map_or(0, |v| be_u64(v.value())))
+    }
+
+    fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize> {
+        let prefix = [key(&[tenant, tool]), b"\0".to_vec()].concat();
+        self.read(KV, |kv| {
+            let mut count = 0;
+            for entry in kv.range(&prefix[..]..).map_err(backend)? {
+                if !entry.map_err(backend)?.0.value().starts_with(&prefix) {
+                    break;
+                }
+                count += 1;
+            }
+            Ok(count)
+        })
+    }
+
+    fn config_get(&self, tenant: &str, k: &str) -> Result<Option<ConfigValue>> {
+        self.get_json(CONFIG, &key(&[tenant, k]))
+    }
+
+    fn config_set(&self, tenant: &str, k: &str, value: &ConfigValue) -> Result<()> {
+        let json = serde_json::to_vec(value).expect("a config value serializes");
+        self.put(CONFIG, &key(&[tenant, k]), &json, Commit::Durable)
+    }
+
+    fn config_delete(&self, tenant: &str, k: &str) -> Result<bool> {
+        self.remove(CONFIG, &key(&[tenant, k]))
+    }
+
+    fn config_keys(&self, tenant: &str) -> Result<Vec<String>> {
+        let prefix = [tenant.as_bytes(), b"\0"].concat();
+        let entries = self.scan(CONFIG, &prefix)?;
+        Ok(entries
+            .into_iter()
+            .map(|(key, _)| String::from_utf8_lossy(&key[prefix.len()..]).into_owned())
+            .collect())
+    }
+
+    fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>> {
+        self.get_json(POLICIES, tenant.as_bytes())
+    }
+
+    fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()> {
+        let json = serde_json::to_vec(policy).expect("a policy serializes");
+        self.put(POLICIES, tenant.as_bytes(), &json, Commit::Durable)
+    }
+
+    fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()> {
+        let json = serde_json::to_vec(held).expect("a held call serializes");
+        self.put(HELD_CALLS, call_id.as_bytes(), &json, Commit::Durable)
+    }
+
+    fn held_call_remove(&self, call_id: &str) -> Result<bool> {
+        self.remove(HELD_CALLS, call_id.as_bytes())
+    }
+
+    /// Every record that parses; an unreadable one is logged and left in place.
+    fn held_calls(&self) -> Result<Vec<(String, HeldCall)>> {
+        let entries = self.scan(HELD_CALLS, b"")?;
+        Ok(readable(entries, "held call")
+            .into_iter()
+            .map(|(key, held)| (String::from_utf8_lossy(&key).into_owned(), held))
+            .collect())
+    }
+
+    fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.get(SEARCH_VECTORS, key.as_bytes())
+    }
+
+    fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
+        self.put(SEARCH_VECTORS, key.as_bytes(), vector, Commit::Lazy)
+    }
+
+    fn health(&self) -> std::result::Result<(), String> {
+        let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+        if failing.is_none()
+            && let Some(reason) = self.file.as_ref().and_then(OpenedFile::gone)
+        {
+            tracing::error!(%reason, "the store cannot write to its disk");
+            *failing = Some(reason);
+        }
+        match &*failing {
+            None => Ok(()),
+            Some(reason) => Err(reason.clone()),
+        }
+    }
+
+    fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
+        self.write(Commit::Durable, |tx| {
+            let mut tenants = tx.open_table(TENANTS)?;
+            if tenants.get(tenant.as_bytes())?.is_some() {
+                return Ok(false);
+            }
+            tenants.insert(tenant.as_bytes(), &created_at_ms.to_be_bytes()[..])?;
+            Ok(true)
+        })
+    }
+
+    fn tenants(&self) -> Result<Vec<String>> {
+        let entries = self.scan(TENANTS, b"")?;
+        Ok(entries
+            .into_iter()
+            .map(|(key, _)| String::from_utf8_lossy(&key).into_owned())
+            .collect())
+    }
+
+    fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()> {
+        let json = serde_json::to_vec(record).expect("a key record serializes");
+        self.put(KEYS, key_hash.as_bytes(), &json, Commit::Durable)
+    }
+
+    fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>> {
+        self.get_json(KEYS, key_hash.as_bytes())
+    }
+
+    fn keys(&self) -> Result<Vec<KeyRecord>> {
+        self.scan(KEYS, b"")?
+            .into_iter()
+            .map(|(key, value)| serde_json::from_slice(&value).map_err(|e| corrupt(&key, e)))
+            .collect()
+    }
+
+    fn key_revoke(&self, id: &str) -> Result<bool> {
+        let mut hashes = Vec::new();
+        for (hash, value) in self.scan(KEYS, b"")? {
+            let record: KeyRecord =
+                serde_json::from_slice(&value).map_err(|e| corrupt(&hash, e))?;
+            if record.id == id {
+                hashes.push(hash);
+            }
+        }
+        if hashes.is_empty() {
+            return Ok(false);
+        }
+        self.write(Commit::Durable, |tx| {
+            let mut keys = tx.open_table(KEYS)?;
+            for hash in &hashes {
+                keys.remove(&hash[..])?;
+            }
+            Ok(true)
+        })
+    }
+}
+
+impl RedbStore {
+    /// Opens `dir` with the store's page cache capped at `cache_bytes`.
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
+        RedbFile::open(dir, cache_bytes).map(Self::new)
+    }
+
+    /// A store that lives only as long as this value, in memory.
+    pub fn temporary() -> Result<Self> {
+        RedbFile::temporary().map(Self::new)
+    }
+
+    fn new(file: RedbFile) -> Self {
+        RedbStore {
+            file: Arc::new(file),
+            secrets_key: None,
+        }
+    }
+
+    /// Seals secret configuration values written from now on with `key`, and opens sealed
+    /// ones with it.
+    pub fn with_secrets_key(mut self, key: Option<SecretsKey>) -> Self {
+        self.secrets_key = key;
+        self
+    }
+
+    /// Runs `operation` on the file from one of tokio's blocking threads.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        operation: impl FnOnce(&RedbFile) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let file = self.file.clone();
+        tokio::task::spawn_blocking(move || operation(&file))
+            .await
+            .map_err(|error| StoreError::Backend(format!("a store operation panicked: {error}")))?
+    }
+}
+
+/// Each method moves its arguments to a blocking thread and runs the file's own there.
+#[async_trait::async_trait]
+impl Store for RedbStore {
+    async fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
+        self.blocking(|file| file.tool_entries()).await
+    }
+
+    async fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
+        let tenant = tenant.to_owned();
+        self.blocking(move |file| file.tool_entries_of(&tenant))
+            .await
+    }
+
+    async fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {
+        let entries = entries.to_vec();
+        self.blocking(move |file| file.put_tool_entries(&entries))
+            .await
+    }
+
+    async fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool> {
+        let (tenant, name) = (tenant.to_owned(), name.to_owned());
+        self.blocking(move |file| file.remove_tool_entry(&tenant, &name))
+            .await
+    }
+
+    async fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {
+        let sha = sha.to_owned();
+        self.blocking(move |file| file.blob(&sha)).await
+    }
+
+    async fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
+        let (sha, bytes) = (sha.to_owned(), bytes.to_vec());
+        self.blocking(move |file| file.put_blob(&sha, &bytes)).await
+    }
+
+    async fn put_component(
+        &self,
+        sha: &str,
+        bytes: &[u8],
+        fingerprint: &str,
+        artifact: &[u8],
+    ) -> Result<()> {
+        let (sha, bytes) = (sha.to_owned(), bytes.to_vec());
+        let (fingerprint, artifact) = (fingerprint.to_owned(), artifact.to_vec());
+        self.blocking(move |file| file.put_component(&sha, &bytes, &fingerprint, &artifact))
+            .await
+    }
+
+    async fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>> {
+        let (sha, fingerprint) = (sha.to_owned(), fingerprint.to_owned());
+        self.blocking(move |file| file.artifact(&sha, &fingerprint))
+            .await
+    }
+
+    async fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()> {
+        let (sha, fingerprint) = (sha.to_owned(), fingerprint.to_owned());
+        let artifact = artifact.to_vec();
+        self.blocking(move |file| file.put_artifact(&sha, &fingerprint, &artifact))
+            .await
+    }
+
+    async fn collect_blobs(
+        &self,
+        live: &(dyn for<'a> Fn(&'a str) -> bool + Sync),
+    ) -> Result<usize> {
+        let Some(shas) = self
+            .blocking(|file| file.blob_shas_if_entries_readable())
+            .await?
+        else {
+            return Ok(0);
+        };
+        let dead: Vec<String> = shas.into_iter().filter(|sha| !live(sha)).collect();
+        if dead.is_empty() {
+            return Ok(0);
+        }
+        let count = dead.len();
+        self.blocking(move |file| file.remove_blobs(&dead)).await?;
+        Ok(count)
+    }
+
+    async fn cache_get(&self, tenant: &str, key: &[u8], now_ms: u64) -> Result<Option<Value>> {
+        let (tenant, key) = (tenant.to_owned(), key.to_vec());
+        self.blocking(move |file| file.cache_get(&tenant, &key, now_ms))
+            .await
+    }
+
+    async fn cache_put(
+        &self,
+        tenant: &str,
+        key: &[u8],
+        expires_at_ms: u64,
+        value: &Value,
+        quota: u64,
+    ) -> Result<()> {
+        let (tenant, key, value) = (tenant.to_owned(), key.to_vec(), value.clone());
+        self.blocking(move |file| file.cache_put(&tenant, &key, expires_at_ms, &value, quota))
+            .await
+    }
+
+    async fn cache_purge(&self, now_ms: u64) -> Result<usize> {
+        self.blocking(move |file| file.cache_purge(now_ms)).await
+    }
+
+    async fn kv_get(&self, tenant: &str, tool: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let (tenant, tool, key) = (tenant.to_owned(), tool.to_owned(), key.to_owned());
+        self.blocking(move |file| file.kv_get(&tenant, &tool, &key))
+            .await
+    }
+
+    async fn kv_set(
+        &self,
+        tenant: &str,
+        tool: &str,
+        key: &str,
+        value: &[u8],
+        quota: u64,
+    ) -> Result<()> {
+        let (tenant, tool, key) = (tenant.to_owned(), tool.to_owned(), key.to_owned());
+        let value = value.to_vec();
+        self.blocking(move |file| file.kv_set(&tenant, &tool, &key, &value, quota))
+            .await
+    }
+
+    async fn kv_delete(&self, tenant: &str, tool: &str, key: &str) -> Result<bool> {
+        let (tenant, tool, key) = (tenant.to_owned(), tool.to_owned(), key.to_owned());
+        self.blocking(move |file| file.kv_delete(&tenant, &tool, &key))
+            .await
+    }
+
+    async fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize> {
+        let (tenant, tool) = (tenant.to_owned(), tool.to_owned());
+        self.blocking(move |file| file.kv_count(&tenant, &tool))
+            .await
+    }
+
+    async fn data_bytes(&self, tenant: &str) -> Result<u64> {
+        let tenant = tenant.to_owned();
+        self.blocking(move |file| file.data_bytes(&tenant)).await
+    }
+
+    async fn config_get(&self, tenant: &str, key: &str) -> Result<Option<ConfigValue>> {
+        let (owner, name) = (tenant.to_owned(), key.to_owned());
+        let stored = self
+            .blocking(move |file| file.config_get(&owner, &name))
+            .await?;
+        let secrets_key = self.secrets_key.as_ref();
+        stored
+            .map(|stored| open_config(secrets_key, tenant, key, stored))
+            .transpose()
+    }
+
+    async fn config_set(&self, tenant: &str, key: &str, value: &ConfigValue) -> Result<()> {
+        let stored = seal_config(self.secrets_key.as_ref(), tenant, key, value);
+        let (tenant, key) = (tenant.to_owned(), key.to_owned());
+        self.blocking(move |file| file.config_set(&tenant, &key, &stored))
+            .await
+    }
+
+    async fn config_delete(&self, tenant: &str, key: &str) -> Result<bool> {
+        let (tenant, key) = (tenant.to_owned(), key.to_owned());
+        self.blocking(move |file| file.config_delete(&tenant, &key))
+            .await
+    }
+
+    async fn config_keys(&self, tenant: &str) -> Result<Vec<String>> {
+        let tenant = tenant.to_owned();
+        self.blocking(move |file| file.config_keys(&tenant)).await
+    }
+
+    async fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>> {
+        let tenant = tenant.to_owned();
+        self.blocking(move |file| file.policy(&tenant)).await
+    }
+
+    async fn put_policy(&self, tenant: &str, policy: &TenantPolicy) -> Result<()> {
+        let (tenant, policy) = (tenant.to_owned(), policy.clone());
+        self.blocking(move |file| file.put_policy(&tenant, &policy))
+            .await
+    }
+
+    async fn tenant_create(&self, tenant: &str, created_at_ms: u64) -> Result<bool> {
+        let tenant = tenant.to_owned();
+        self.blocking(move |file| file.tenant_create(&tenant, created_at_ms))
+            .await
+    }
+
+    async fn tenants(&self) -> Result<Vec<String>> {
+        self.blocking(|file| file.tenants()).await
+    }
+
+    async fn key_put(&self, key_hash: &str, record: &KeyRecord) -> Result<()> {
+        let (key_hash, record) = (key_hash.to_owned(), record.clone());
+        self.blocking(move |file| file.key_put(&key_hash, &record))
+            .await
+    }
+
+    async fn key_get(&self, key_hash: &str) -> Result<Option<KeyRecord>> {
+        let key_hash = key_hash.to_owned();
+        self.blocking(move |file| file.key_get(&key_hash)).await
+    }
+
+    async fn keys(&self) -> Result<Vec<KeyRecord>> {
+        self.blocking(|file| file.keys()).await
+    }
+
+    async fn key_revoke(&self, id: &str) -> Result<bool> {
+        let id = id.to_owned();
+        self.blocking(move |file| file.key_revoke(&id)).await
+    }
+
+    async fn held_call_put(&self, call_id: &str, held: &HeldCall) -> Result<()> {
+        let (call_id, held) = (call_id.to_owned(), held.clone());
+        self.blocking(move |file| file.held_call_put(&call_id, &held))
+            .await
+    }
+
+    async fn held_call_remove(&self, call_id: &str) -> Result<bool> {
+        let call_id = call_id.to_owned();
+        self.blocking(move |file| file.held_call_remove(&call_id))
+            .await
+    }
+
+    async fn held_calls(&self) -> Result<Vec<(String, HeldCall)>> {
+        self.blocking(|file| file.held_calls()).await
+    }
+
+    async fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let key = key.to_owned();
+        self.blocking(move |file| file.search_vector(&key)).await
+    }
+
+    async fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
+        let (key, vector) = (key.to_owned(), vector.to_vec());
+        self.blocking(move |file| file.put_search_vector(&key, &vector))
+            .await
+    }
+
+    fn health(&self) -> std::result::Result<(), String> {
+        self.file.health()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use toolhost_spec::spec::ToolSpec;
+
+    use crate::SourceKind;
+
+    #[test]
+    fn the_data_directory_is_the_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let store = RedbFile::open(&data, 1 << 20).unwrap();
+        let mode = std::fs::metadata(&data).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        drop(store);
+    }
+
+    #[test]
+    fn a_damaged_artifact_is_refused_and_dropped() {
+        let store = RedbFile::temporary().unwrap();
+        store
+            .put_component("abc", b"blob", "fp", b"machine code")
+            .unwrap();
+        assert_eq!(
+            store.artifact("abc", "fp").unwrap().as_deref(),
+            Some(&b"machine code"[..])
+        );
+        assert_eq!(store.artifact("abc", "other-engine").unwrap(), None);
+        let mut stored = store.get(ARTIFACTS, b"abc:fp").unwrap().unwrap();
+        *stored.last_mut().unwrap() ^= 1;
+        store
+            .put(ARTIFACTS, b"abc:fp", &stored, Commit::Durable)
+            .unwrap();
+        assert_eq!(store.artifact("abc", "fp").unwrap(), None);
+        assert!(store.get(ARTIFACTS, b"abc:fp").unwrap().is_none());
+        assert_eq!(store.blob("abc").unwrap().as_deref(), Some(&b"blob"[..]));
+    }
+
+    #[test]
+    fn a_second_process_gets_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = RedbFile::open(dir.path(), 1 << 20).unwrap();
+        let second = RedbFile::open(dir.path(), 1 << 20).err().expect("locked");
+        assert!(matches!(second, StoreError::Locked { .. }), "{second}");
+    }
+
+    #[test]
+    fn usage_is_counted_once_for_a_store_written_before_it_was_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
+            store.kv_set("t", "tool", "k", b"value", u64::MAX).unwrap();
+            store
+                .write(Commit::Durable, |tx| {
+                    tx.delete_table(USAGE)?;
+                    Ok(())
+                })
+                .unwrap();
+        }
+        let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(
+            store.data_bytes("t").unwrap(),
+            ("t\0tool\0k".len() + 5) as u64
+        );
+    }
+
+    #[test]
+    fn an_unreadable_tool_record_is_skipped_not_fatal() {
+        let store = RedbFile::temporary().unwrap();
+        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
+        let mut entry = ToolEntry {
+            tenant: "a".into(),
+            name: "t".into(),
+            current: 0,
+            versions: vec![],
+        };
+        entry.push(SourceKind::Wasm, spec, "sha".into(), 10, 1);
+        store.put_tool_entries(&[entry.clone()]).unwrap();
+        let broken = key(&["a", "broken"]);
+        store
+            .put(TOOLS, &broken, b"{not an entry", Commit::Durable)
+            .unwrap();
+        assert_eq!(store.tool_entries().unwrap(), vec![entry.clone()]);
+        assert_eq!(store.tool_entries_of("a").unwrap(), vec![entry]);
+        assert!(
+            store.get(TOOLS, &broken).unwrap().is_some(),
+            "left in place"
+        );
+    }
+}

@@ -1,0 +1,414 @@
+//! One suite, both engines: every test here runs against a fresh `RedbStore` and a fresh
+//! `PgStore` (a new database on `TOOLHOST_TEST_DATABASE_URL`, which `scripts/test` starts).
+
+use std::sync::Arc;
+
+use serde_json::json;
+use toolhost_spec::access::Role;
+use toolhost_spec::call::Caller;
+use toolhost_spec::policy::TenantPolicy;
+use toolhost_spec::spec::ToolSpec;
+use toolhost_store::{
+    Change, ConfigValue, HeldCall, KeyRecord, PgOptions, PgStore, RedbStore, SecretsKey,
+    SourceKind, Store, StoreError, ToolEntry, now_ms,
+};
+
+/// A fresh, empty database on the test server, and its URL.
+async fn fresh_database() -> String {
+    let server = std::env::var("TOOLHOST_TEST_DATABASE_URL").expect(
+        "TOOLHOST_TEST_DATABASE_URL names the PostgreSQL these tests use: run scripts/test, \
+         which starts a private one, or start one with `scripts/postgres start DIR PORT`",
+    );
+    let mut name = [0u8; 6];
+    getrandom::fill(&mut name).unwrap();
+    let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
+    let name = format!("conformance_{name}");
+    let admin = sqlx::PgPool::connect(&server).await.unwrap();
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&admin)
+        .await
+        .unwrap();
+    admin.close().await;
+    let mut url = url::Url::parse(&server).unwrap();
+    url.set_path(&name);
+    url.to_string()
+}
+
+async fn postgres(key: Option<SecretsKey>) -> Arc<dyn Store> {
+    let store = PgStore::connect(&PgOptions::new(&fresh_database().await))
+        .await
+        .unwrap();
+    Arc::new(store.with_secrets_key(key))
+}
+
+fn redb(key: Option<SecretsKey>) -> Arc<dyn Store> {
+    Arc::new(RedbStore::temporary().unwrap().with_secrets_key(key))
+}
+
+/// Each test, once against each engine.
+macro_rules! conformance {
+    ($($test:ident),* $(,)?) => {
+        mod on_redb {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                super::$test(super::redb(Some(super::key()))).await;
+            })*
+        }
+        mod on_postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                super::$test(super::postgres(Some(super::key())).await).await;
+            })*
+        }
+    };
+}
+
+conformance!(
+    tool_entries_are_kept_by_tenant,
+    blobs_are_collected_only_when_nothing_refers_to_them,
+    cached_results_expire,
+    cached_results_stay_within_the_data_quota_dropping_expired_ones_first,
+    kv_and_config_are_scoped_by_tenant,
+    data_is_counted_the_same_way,
+    the_data_quota_holds_under_concurrent_writers,
+    tenants_keys_and_policies_round_trip,
+    a_held_call_is_removed_once,
+    search_vectors_round_trip,
+);
+
+fn key() -> SecretsKey {
+    SecretsKey::new([9; 32])
+}
+
+fn entry(tenant: &str, name: &str, sha: &str) -> ToolEntry {
+    let mut entry = ToolEntry {
+        tenant: tenant.into(),
+        name: name.into(),
+        current: 0,
+        versions: vec![],
+    };
+    let spec = ToolSpec::new(name, "d", json!({"type": "object"}));
+    entry.push(SourceKind::Wasm, spec, sha.into(), 10, 1);
+    entry
+}
+
+async fn tool_entries_are_kept_by_tenant(store: Arc<dyn Store>) {
+    let (a, ab) = (entry("a", "t", "sha1"), entry("ab", "t", "sha2"));
+    store
+        .put_tool_entries(&[a.clone(), ab.clone()])
+        .await
+        .unwrap();
+    assert_eq!(store.tool_entries_of("a").await.unwrap(), vec![a.clone()]);
+    assert_eq!(store.tool_entries().await.unwrap().len(), 2);
+    let mut newer = a.clone();
+    newer.push(
+        SourceKind::Js,
+        a.current().spec.clone(),
+        "sha3".into(),
+        5,
+        2,
+    );
+    store.put_tool_entries(&[newer.clone()]).await.unwrap();
+    assert_eq!(store.tool_entries_of("a").await.unwrap(), vec![newer]);
+    assert!(store.remove_tool_entry("a", "t").await.unwrap());
+    assert!(!store.remove_tool_entry("a", "t").await.unwrap());
+    assert_eq!(store.tool_entries().await.unwrap(), vec![ab]);
+}
+
+async fn blobs_are_collected_only_when_nothing_refers_to_them(store: Arc<dyn Store>) {
+    store.put_blob("live", b"1").await.unwrap();
+    store.put_blob("dead", b"2").await.unwrap();
+    store.put_blob("dead", b"2").await.unwrap();
+    assert_eq!(
+        store.blob("dead").await.unwrap().as_deref(),
+        Some(&b"2"[..])
+    );
+    assert_eq!(store.collect_blobs(&|sha| sha == "live").await.unwrap(), 1);
+    assert_eq!(store.blob("dead").await.unwrap(), None);
+    assert_eq!(
+        store.blob("live").await.unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+}
+
+async fn cached_results_expire(store: Arc<dyn Store>) {
+    let quota = u64::MAX;
+    let store = &store;
+    store
+        .cache_put("t", b"k", 1_000, &json!({"a": 1}), quota)
+        .await
+        .unwrap();
+    store
+        .cache_put("t", b"old", 10, &json!(1), quota)
+        .await
+        .unwrap();
+    let got = store.cache_get("t", b"k", 999).await.unwrap();
+    assert_eq!(got, Some(json!({"a": 1})));
+    assert_eq!(
+        store.cache_get("u", b"k", 999).await.unwrap(),
+        None,
+        "per tenant"
+    );
+    assert_eq!(store.cache_purge(500).await.unwrap(), 1);
+    assert_eq!(store.cache_get("t", b"k", 1_000).await.unwrap(), None);
+    assert_eq!(
+        store.data_bytes("t").await.unwrap(),
+        0,
+        "an expired read frees its bytes"
+    );
+}
+
+async fn cached_results_stay_within_the_data_quota_dropping_expired_ones_first(
+    store: Arc<dyn Store>,
+) {
+    let value = json!("x".repeat(1000));
+    let (quota, later) = (2_100, now_ms() + 60_000);
+    store
+        .cache_put("t", b"a", 100, &value, quota)
+        .await
+        .unwrap();
+    store
+        .cache_put("t", b"b", later, &value, quota)
+        .await
+        .unwrap();
+    // `a` has expired by now: it makes room for `c`.
+    store
+        .cache_put("t", b"c", later, &value, quota)
+        .await
+        .unwrap();
+    let refused = store.cache_put("t", b"d", later, &value, quota).await;
+    assert!(
+        matches!(refused, Err(StoreError::Quota { .. })),
+        "{refused:?}"
+    );
+    assert!(store.data_bytes("t").await.unwrap() <= quota);
+    store
+        .cache_put("u", b"d", later, &value, quota)
+        .await
+        .unwrap();
+}
+
+async fn kv_and_config_are_scoped_by_tenant(store: Arc<dyn Store>) {
+    store
+        .kv_set("a", "tool", "k", b"1", u64::MAX)
+        .await
+        .unwrap();
+    store
+        .kv_set("a", "tool", "k2", b"2", u64::MAX)
+        .await
+        .unwrap();
+    store
+        .kv_set("ab", "tool", "k", b"3", u64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(store.kv_get("b", "tool", "k").await.unwrap(), None);
+    assert_eq!(
+        store.kv_get("a", "tool", "k2").await.unwrap(),
+        Some(b"2".to_vec())
+    );
+    assert_eq!(store.kv_count("a", "tool").await.unwrap(), 2);
+    assert_eq!(
+        store.kv_count("a", "too").await.unwrap(),
+        0,
+        "prefixes do not bleed"
+    );
+    assert!(store.kv_delete("a", "tool", "k").await.unwrap());
+    assert!(!store.kv_delete("a", "tool", "k").await.unwrap());
+    let secret = ConfigValue {
+        value: "s3cret".into(),
+        secret: true,
+    };
+    store.config_set("a", "TOKEN", &secret).await.unwrap();
+    assert_eq!(store.config_get("a", "TOKEN").await.unwrap(), Some(secret));
+    assert_eq!(store.config_get("b", "TOKEN").await.unwrap(), None);
+    assert_eq!(store.config_keys("a").await.unwrap(), ["TOKEN"]);
+    assert!(store.config_keys("").await.unwrap().is_empty());
+    assert!(store.config_delete("a", "TOKEN").await.unwrap());
+    assert_eq!(store.config_get("a", "TOKEN").await.unwrap(), None);
+}
+
+/// Both engines charge a tenant the same bytes, so a quota means the same on either.
+async fn data_is_counted_the_same_way(store: Arc<dyn Store>) {
+    store
+        .kv_set("t", "tool", "k", b"value", u64::MAX)
+        .await
+        .unwrap();
+    let kv = ("t\0tool\0k".len() + 5) as u64;
+    assert_eq!(store.data_bytes("t").await.unwrap(), kv);
+    store
+        .kv_set("t", "tool", "k", b"v", u64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.data_bytes("t").await.unwrap(),
+        kv - 4,
+        "a smaller value frees bytes"
+    );
+    let later = now_ms() + 60_000;
+    store
+        .cache_put("t", b"key", later, &json!(12), u64::MAX)
+        .await
+        .unwrap();
+    let cached = ("t\0key".len() + 8 + 2) as u64;
+    assert_eq!(store.data_bytes("t").await.unwrap(), kv - 4 + cached);
+    let refused = store
+        .kv_set("t", "tool", "k2", b"12345", kv - 4 + cached + 5)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Quota { .. })),
+        "{refused:?}"
+    );
+}
+
+async fn the_data_quota_holds_under_concurrent_writers(store: Arc<dyn Store>) {
+    let quota = 2_000;
+    let writers: Vec<_> = (0..40)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .kv_set("t", "tool", &format!("key{i:02}"), &[7; 100], quota)
+                    .await
+            })
+        })
+        .collect();
+    let mut stored = 0;
+    for writer in writers {
+        if writer.await.unwrap().is_ok() {
+            stored += 1;
+        }
+    }
+    let used = store.data_bytes("t").await.unwrap();
+    assert!(used <= quota, "{used} bytes against a quota of {quota}");
+    assert_eq!(used, stored * ("t\0tool\0key00".len() as u64 + 100));
+    assert_eq!(store.kv_count("t", "tool").await.unwrap() as u64, stored);
+}
+
+async fn tenants_keys_and_policies_round_trip(store: Arc<dyn Store>) {
+    assert!(store.tenant_create("acme", 1).await.unwrap());
+    assert!(!store.tenant_create("acme", 2).await.unwrap());
+    store.tenant_create("globex", 3).await.unwrap();
+    assert_eq!(store.tenants().await.unwrap(), ["acme", "globex"]);
+    let record = KeyRecord {
+        id: "k1".into(),
+        tenant: "acme".into(),
+        created_at_ms: 5,
+        role: Role::Admin,
+    };
+    store.key_put("hash1", &record).await.unwrap();
+    assert_eq!(store.key_get("hash1").await.unwrap(), Some(record.clone()));
+    assert_eq!(store.keys().await.unwrap(), vec![record]);
+    assert!(store.key_revoke("k1").await.unwrap());
+    assert!(!store.key_revoke("k1").await.unwrap());
+    assert_eq!(store.key_get("hash1").await.unwrap(), None);
+    let policy: TenantPolicy = serde_json::from_value(json!({"deny": ["x"]})).unwrap();
+    assert_eq!(store.policy("acme").await.unwrap(), None);
+    store.put_policy("acme", &policy).await.unwrap();
+    assert_eq!(store.policy("acme").await.unwrap(), Some(policy));
+}
+
+async fn a_held_call_is_removed_once(store: Arc<dyn Store>) {
+    let held = HeldCall {
+        caller: Caller::tenant("acme"),
+        tool: "t".into(),
+        args: json!({"a": 1}),
+        held_at_ms: 7,
+    };
+    store.held_call_put("c1", &held).await.unwrap();
+    assert_eq!(store.held_calls().await.unwrap(), vec![("c1".into(), held)]);
+    let removals: Vec<_> = (0..8)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.held_call_remove("c1").await.unwrap() })
+        })
+        .collect();
+    let mut removed = 0;
+    for removal in removals {
+        removed += usize::from(removal.await.unwrap());
+    }
+    assert_eq!(removed, 1, "exactly one remover runs the call");
+}
+
+async fn search_vectors_round_trip(store: Arc<dyn Store>) {
+    assert_eq!(store.search_vector("m:1").await.unwrap(), None);
+    store.put_search_vector("m:1", &[1, 2, 3]).await.unwrap();
+    assert_eq!(
+        store.search_vector("m:1").await.unwrap(),
+        Some(vec![1, 2, 3])
+    );
+}
+
+/// PostgreSQL only: what one node writes, another hears of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_hears_of_another_nodes_changes_but_not_its_own() {
+    let url = fresh_database().await;
+    let a = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
+    let b = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
+    let (mut heard_by_a, mut heard_by_b) = (a.changes().unwrap(), b.changes().unwrap());
+    // Give both listeners time to LISTEN before anything is sent.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    a.put_policy("acme", &TenantPolicy::default())
+        .await
+        .unwrap();
+    a.put_tool_entries(&[entry("acme", "t", "sha")])
+        .await
+        .unwrap();
+    a.key_revoke("nobody").await.unwrap();
+    let wait = std::time::Duration::from_secs(5);
+    let first = tokio::time::timeout(wait, heard_by_b.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        first,
+        Change::Policy {
+            tenant: "acme".into()
+        }
+    );
+    let second = tokio::time::timeout(wait, heard_by_b.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        second,
+        Change::Tools {
+            tenant: "acme".into()
+        }
+    );
+    // A revocation that removed nothing changed nothing, so it is not announced.
+    b.put_policy("globex", &TenantPolicy::default())
+        .await
+        .unwrap();
+    let third = tokio::time::timeout(wait, heard_by_a.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        third,
+        Change::Policy {
+            tenant: "globex".into()
+        },
+        "a hears b's change, not its own"
+    );
+}
+
+/// PostgreSQL only: nodes starting on the same database apply each migration once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_starting_together_migrate_once() {
+    let url = fresh_database().await;
+    let nodes: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { PgStore::connect(&PgOptions::new(&url)).await.map(drop) })
+        })
+        .collect();
+    for node in nodes {
+        node.await.unwrap().unwrap();
+    }
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(applied, 1);
+}
