@@ -1,6 +1,7 @@
 //! Every integration test, in one binary: the wasmtime stack is linked once, and the tests
 //! share the example plugins, built once per run (`plugins`).
 
+mod cluster;
 mod crash;
 mod disclosure;
 mod e2e;

@@ -8,9 +8,12 @@ CREATE TABLE tools (
     PRIMARY KEY (tenant, name)
 );
 
+-- A blob is written before the entry that refers to it, maybe by another node: only blobs
+-- older than any install takes are collected (`created_at_ms`).
 CREATE TABLE blobs (
     sha TEXT PRIMARY KEY,
-    bytes BYTEA NOT NULL
+    bytes BYTEA NOT NULL,
+    created_at_ms BIGINT NOT NULL
 );
 
 -- Bytes of each tenant's KV and cache entries: the row is locked by every write that

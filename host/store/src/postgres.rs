@@ -24,6 +24,10 @@ use crate::{
     cache_bytes, cache_expired, kv_bytes, now_ms, open_config, over, quota_error, seal_config,
 };
 
+/// A blob this young is never collected: an install on another node may not have written
+/// the entry that refers to it yet. (Re-storing a blob makes it young again.)
+const BLOB_GRACE_MS: u64 = 60 * 60 * 1000;
+
 /// The channel every node listens on.
 const CHANNEL: &str = "toolhost_changes";
 
@@ -400,12 +404,16 @@ impl Store for PgStore {
 
     async fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
         // Content-addressed: the same sha is the same bytes, so a second write is a no-op.
-        sqlx::query("INSERT INTO blobs (sha, bytes) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-            .bind(sha)
-            .bind(bytes)
-            .execute(&self.pool)
-            .await
-            .map_err(backend)?;
+        sqlx::query(
+            "INSERT INTO blobs (sha, bytes, created_at_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (sha) DO UPDATE SET created_at_ms = EXCLUDED.created_at_ms",
+        )
+        .bind(sha)
+        .bind(bytes)
+        .bind(to_i64(now_ms()))
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
         Ok(())
     }
 
@@ -445,10 +453,14 @@ impl Store for PgStore {
             .filter_map(|(_, json)| serde_json::from_str::<ToolEntry>(json).ok())
             .flat_map(|entry| entry.versions.into_iter().map(|v| v.component))
             .collect();
-        let shas: Vec<String> = sqlx::query_scalar("SELECT sha FROM blobs")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(backend)?;
+        // Another node may be between storing a blob and the entry that refers to it.
+        let settled = now_ms().saturating_sub(BLOB_GRACE_MS);
+        let shas: Vec<String> =
+            sqlx::query_scalar("SELECT sha FROM blobs WHERE created_at_ms < $1")
+                .bind(to_i64(settled))
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend)?;
         let dead: Vec<String> = shas
             .into_iter()
             .filter(|sha| !live(sha) && !referenced.contains(sha))

@@ -1,0 +1,196 @@
+//! Several `toolhost serve` nodes on one PostgreSQL database, as real processes: what one node
+//! changes, the others serve; what must happen once happens once. The database is a fresh one
+//! on `TOOLHOST_TEST_DATABASE_URL`, which `scripts/test` starts.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::process::{Server, cli, http, plugin_file, run};
+
+/// A fresh database of its own on the test server, and its URL.
+pub struct Database {
+    pub url: String,
+}
+
+impl Database {
+    pub fn fresh() -> Database {
+        let server = std::env::var("TOOLHOST_TEST_DATABASE_URL").expect(
+            "TOOLHOST_TEST_DATABASE_URL names the PostgreSQL these tests use: run scripts/test, \
+             which starts a private one, or `scripts/postgres start DIR PORT`",
+        );
+        let mut id = [0u8; 6];
+        getrandom::fill(&mut id).unwrap();
+        let name = format!("cluster_{}", toolhost::digest::hex(&id));
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let admin = sqlx::PgPool::connect(&server).await.unwrap();
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&admin)
+                .await
+                .unwrap();
+            admin.close().await;
+        });
+        let mut url = url::Url::parse(&server).unwrap();
+        url.set_path(&name);
+        Database {
+            url: url.to_string(),
+        }
+    }
+
+    /// The CLI against this database (a node of its own, with its own data directory).
+    pub fn cli(&self, data: &Path, args: &[&str]) -> (Option<i32>, String, Duration) {
+        let mut command = cli(data, args);
+        command.env("TOOLHOST_STORE", &self.url);
+        run(command)
+    }
+
+    /// `tenant` with `policy` and a key of `role`.
+    pub fn tenant(&self, dir: &Path, tenant: &str, policy: &str, role: &str) -> String {
+        let policy_file = dir.join(format!("{tenant}.policy.json"));
+        std::fs::write(&policy_file, policy).unwrap();
+        let data = dir.join("operator");
+        for args in [
+            vec!["tenant", "create", tenant],
+            vec![
+                "--tenant",
+                tenant,
+                "policy",
+                "set",
+                policy_file.to_str().unwrap(),
+            ],
+        ] {
+            let (code, out, _) = self.cli(&data, &args);
+            assert_eq!(code, Some(0), "{out}");
+        }
+        let (code, key, _) = self.cli(
+            &data,
+            &["--tenant", tenant, "key", "create", "--role", role],
+        );
+        assert_eq!(code, Some(0), "{key}");
+        key.lines().next().unwrap().trim().to_owned()
+    }
+}
+
+/// `toolhost serve --store` on the database, with a data directory of its own under `dir`.
+pub fn node(db: &Database, dir: &Path, name: &str) -> Server {
+    let data: PathBuf = dir.join(name);
+    let store = std::ffi::OsString::from(&db.url);
+    Server::start(
+        &data,
+        crate::plugins::artifact_dir(),
+        &[("TOOLHOST_STORE", &store)],
+    )
+}
+
+/// Polls `done` until it holds; how long that took, or a panic naming `what` after `limit`.
+fn within(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    started.elapsed()
+}
+
+fn call_status(node: &Server, key: &str, tool: &str, args: &str) -> (u16, String) {
+    let body = format!(r#"{{"arguments": {args}}}"#);
+    let path = format!("/v1/tools/{tool}/call");
+    http(node.addr, "POST", &path, key, body.as_bytes())
+}
+
+#[test]
+fn a_tool_installed_on_one_node_is_callable_on_another_within_a_second() {
+    let db = Database::fresh();
+    let dir = tempfile::tempdir().unwrap();
+    let key = db.tenant(dir.path(), "acme", "{}", "admin");
+    let (a, b) = (node(&db, dir.path(), "a"), node(&db, dir.path(), "b"));
+    let (status, _) = call_status(&b, &key, "text_stats", r#"{"text": "a b"}"#);
+    assert_eq!(status, 404, "not installed yet");
+
+    let component = std::fs::read(plugin_file("text_stats")).unwrap();
+    let (status, body) = http(a.addr, "POST", "/v1/tools", &key, &component);
+    assert!(status == 200 || status == 201, "{status} {body}");
+    let took = within(Duration::from_secs(1), "callable on node b", || {
+        call_status(&b, &key, "text_stats", r#"{"text": "a b"}"#).0 == 200
+    });
+    eprintln!("installed on a, callable on b after {took:?}");
+    let (_, body) = call_status(&b, &key, "text_stats", r#"{"text": "a b c"}"#);
+    assert!(body.contains(r#""words":3"#), "{body}");
+
+    let (status, body) = http(b.addr, "DELETE", "/v1/tools/text_stats", &key, b"");
+    assert!(status == 200 || status == 204, "{status} {body}");
+    within(Duration::from_secs(1), "removed on node a", || {
+        call_status(&a, &key, "text_stats", r#"{"text": "a"}"#).0 == 404
+    });
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn a_key_revoked_through_one_node_is_refused_by_another_within_a_second() {
+    let db = Database::fresh();
+    let dir = tempfile::tempdir().unwrap();
+    let key = db.tenant(dir.path(), "acme", "{}", "admin");
+    let b = node(&db, dir.path(), "b");
+    let (status, body) = http(b.addr, "GET", "/v1/tools", &key, b"");
+    assert_eq!(status, 200, "{body}");
+    // The key's public id is its second part: `thk_<id>_<secret>`.
+    let id = key.split('_').nth(1).unwrap();
+    let (code, out, _) = db.cli(&dir.path().join("operator"), &["key", "revoke", id]);
+    assert_eq!(code, Some(0), "{out}");
+    within(Duration::from_secs(1), "refused on node b", || {
+        http(b.addr, "GET", "/v1/tools", &key, b"").0 == 401
+    });
+    b.stop();
+}
+
+#[test]
+fn a_held_call_approved_on_two_nodes_at_once_runs_once() {
+    let db = Database::fresh();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = r#"{"needs_approval": ["count"]}"#;
+    let key = db.tenant(dir.path(), "acme", policy, "admin");
+    let (a, b) = (node(&db, dir.path(), "a"), node(&db, dir.path(), "b"));
+    let component = std::fs::read(plugin_file("probe")).unwrap();
+    let (status, body) = http(a.addr, "POST", "/v1/tools", &key, &component);
+    assert!(status == 200 || status == 201, "{status} {body}");
+    within(Duration::from_secs(1), "installed on b", || {
+        http(b.addr, "GET", "/v1/tools/count", &key, b"").0 == 200
+    });
+
+    let (status, body) = call_status(&a, &key, "count", r#"{"key": "approved"}"#);
+    assert_eq!(status, 200, "{body}");
+    let held: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(held["error"]["code"], "approval_required", "{body}");
+    let call_id = held["call_id"].as_str().expect(&body).to_owned();
+    within(Duration::from_secs(1), "the held call listed on b", || {
+        http(b.addr, "GET", "/v1/approvals", &key, b"")
+            .1
+            .contains(&call_id)
+    });
+    let path = format!("/v1/approvals/{call_id}/approve");
+    let decide = |node: &Server| {
+        let (addr, key, path) = (node.addr, key.clone(), path.clone());
+        std::thread::spawn(move || http(addr, "POST", &path, &key, b""))
+    };
+    let (on_a, on_b) = (decide(&a), decide(&b));
+    let answers = [on_a.join().unwrap(), on_b.join().unwrap()];
+    let ran: Vec<_> = answers
+        .iter()
+        .filter(|(status, _)| *status == 200)
+        .collect();
+    assert_eq!(
+        ran.len(),
+        1,
+        "exactly one approval runs the call: {answers:?}"
+    );
+    let outcome: serde_json::Value = serde_json::from_str(&ran[0].1).unwrap();
+    assert_eq!(outcome["result"], 1, "{answers:?}");
+    let other = answers.iter().find(|(status, _)| *status != 200).unwrap();
+    assert_eq!(
+        other.0, 404,
+        "the other approval finds nothing pending: {answers:?}"
+    );
+    a.stop();
+    b.stop();
+}
