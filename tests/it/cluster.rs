@@ -194,3 +194,61 @@ fn a_held_call_approved_on_two_nodes_at_once_runs_once() {
     a.stop();
     b.stop();
 }
+
+#[test]
+fn a_killed_nodes_idempotent_calls_complete_elsewhere_and_the_others_end_node_lost() {
+    let db = Database::fresh();
+    let dir = tempfile::tempdir().unwrap();
+    let key = db.tenant(dir.path(), "acme", "{}", "admin");
+    let (mut a, b) = (node(&db, dir.path(), "a"), node(&db, dir.path(), "b"));
+    let component = std::fs::read(plugin_file("probe")).unwrap();
+    let (status, body) = http(a.addr, "POST", "/v1/tools", &key, &component);
+    assert!(status == 200 || status == 201, "{status} {body}");
+    within(Duration::from_secs(1), "installed on b", || {
+        http(b.addr, "GET", "/v1/tools/nap", &key, b"").0 == 200
+    });
+
+    let mut calls = Vec::new();
+    for i in 0..100 {
+        let tool = if i % 2 == 0 { "nap_idempotent" } else { "nap" };
+        let path = format!("/v1/tools/{tool}/call?mode=async");
+        let (status, body) = http(
+            a.addr,
+            "POST",
+            &path,
+            &key,
+            br#"{"arguments": {"ms": 400}}"#,
+        );
+        assert_eq!(status, 202, "{body}");
+        let queued: serde_json::Value = serde_json::from_str(&body).unwrap();
+        calls.push((tool, queued["call_id"].as_str().unwrap().to_owned()));
+    }
+    // Both nodes' workers are busy by now; node a dies without a word.
+    std::thread::sleep(Duration::from_millis(300));
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+
+    let (mut lost, mut rerun) = (0, 0);
+    for (tool, call_id) in &calls {
+        let path = format!("/v1/calls/{call_id}?wait=30");
+        let (status, body) = http(b.addr, "GET", &path, &key, b"");
+        assert_eq!(status, 200, "{body}");
+        let call: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let outcome = &call["outcome"];
+        match (call["status"].as_str().unwrap(), *tool) {
+            ("done", _) => {
+                assert_eq!(outcome["result"], "rested", "{body}");
+                rerun += usize::from(call["attempts"] == 2);
+            }
+            ("lost", "nap") => {
+                assert_eq!(outcome["error"]["code"], "node_lost", "{body}");
+                lost += 1;
+            }
+            _ => panic!("{tool}: every idempotent call completes, every other one ends: {body}"),
+        }
+    }
+    assert!(lost > 0, "node a was running calls when it died");
+    assert!(rerun > 0, "its idempotent calls ran again on node b");
+    eprintln!("{lost} calls lost with node a; {rerun} idempotent ones run again on node b");
+    b.stop();
+}

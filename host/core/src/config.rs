@@ -10,6 +10,8 @@ use toolhost_spec::policy::TenantPolicy;
 use toolhost_store::PgOptions;
 use toolhost_store::SecretsKey;
 
+use crate::durable::DurableConfig;
+
 /// The largest JavaScript source `install_js` accepts, in bytes.
 pub const MAX_JS_SOURCE_BYTES: usize = 1 << 20;
 /// How deep `call-tool` calls may nest below a direct call.
@@ -29,6 +31,8 @@ pub struct HostConfig {
     /// keys, policies, configuration, data and held calls live there instead of `data_dir`.
     #[cfg(feature = "postgres")]
     pub database: Option<PgOptions>,
+    /// Durable calls (`Host::submit`): workers on this node, and their lease.
+    pub durable: DurableConfig,
     /// How often a host on a shared database reads everything again, in case it missed
     /// another node's notice of a change.
     pub resync_interval: Duration,
@@ -68,6 +72,7 @@ impl Default for HostConfig {
             #[cfg(feature = "postgres")]
             database: None,
             resync_interval: Duration::from_secs(30),
+            durable: DurableConfig::default(),
             sandbox: SandboxConfig::default(),
             max_loaded_components: 256,
             artifact_dir: None,

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use toolhost_sandbox::Sandbox;
 use toolhost_spec::access::Role;
-use toolhost_spec::call::{CallOutcome, Caller};
+use toolhost_spec::call::{CallError, CallOutcome, Caller};
 use toolhost_spec::export::Format;
 use toolhost_spec::policy::{DiskUsage, TenantPolicy, Usage};
 use toolhost_spec::spec::ToolSpec;
@@ -21,6 +21,7 @@ use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::catalog::{Catalog, ToolInfo};
 use crate::components::Components;
 use crate::config::HostConfig;
+use crate::durable::{self, DurableStatus};
 use crate::error::{InstallError, ManageError, OpenError};
 use crate::exec::Executors;
 use crate::hooks::CallHook;
@@ -37,9 +38,11 @@ pub struct Host {
     catalog: Arc<Catalog>,
     tenants: Arc<Tenants>,
     components: Arc<Components>,
-    pipeline: Pipeline,
+    pipeline: Arc<Pipeline>,
     /// Applies other nodes' changes while the host lives (a shared store only).
     _follow: Option<sync::Following>,
+    /// Run durable calls while the host lives.
+    _workers: durable::Workers,
 }
 
 impl Host {
@@ -94,11 +97,17 @@ impl Host {
             metrics.clone(),
         );
         let approvals = Arc::new(Approvals::load(store.clone()).await?);
+        let durable_wake = Arc::new(tokio::sync::Notify::new());
         let _follow = store.changes().map(|changes| {
-            let parts = (catalog.clone(), tenants.clone(), approvals.clone());
-            sync::follow(changes, parts, config.resync_interval)
+            let cached = (catalog.clone(), tenants.clone(), approvals.clone());
+            sync::follow(
+                changes,
+                (cached, durable_wake.clone()),
+                config.resync_interval,
+            )
         });
-        let pipeline = Pipeline {
+        let call_ids = crate::pipeline::CallIds::default();
+        let pipeline = Arc::new(Pipeline {
             catalog: catalog.clone(),
             tenants: tenants.clone(),
             exec,
@@ -108,14 +117,18 @@ impl Host {
             shares: Shares::new(config.tenant_share),
             hooks: Default::default(),
             metrics,
-            call_ids: Default::default(),
-        };
+            node: call_ids.node(),
+            call_ids,
+            durable_wake: durable_wake.clone(),
+        });
+        let _workers = durable::start(pipeline.clone(), durable_wake, config.durable);
         Ok(Host {
             catalog,
             tenants,
             components,
             pipeline,
             _follow,
+            _workers,
         })
     }
 
@@ -333,6 +346,32 @@ impl Host {
         self.pipeline
             .call(caller, name, args, None, Budget::TOP, Some(cancel))
             .await
+    }
+
+    /// Queues a call for whichever node claims it first (this one included), and returns
+    /// its call id at once. The tool must exist now; everything else (policy, limits,
+    /// validation, approval) applies when it runs. See [`DurableConfig`] for what happens when
+    /// the node running it dies.
+    ///
+    /// [`DurableConfig`]: crate::DurableConfig
+    pub async fn submit(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+    ) -> Result<String, CallError> {
+        self.pipeline.submit(caller, name, args).await
+    }
+
+    /// The tenant's durable call `id` (`None` if it has none by that id), once it has ended
+    /// or `wait` has passed, whichever is first.
+    pub async fn durable_call(
+        &self,
+        tenant: &str,
+        id: &str,
+        wait: std::time::Duration,
+    ) -> Result<Option<DurableStatus>, StoreError> {
+        self.pipeline.durable(tenant, id, wait).await
     }
 
     /// Runs a call that waits for approval (see [`CallError::ApprovalRequired`]) and returns

@@ -26,6 +26,8 @@ mod artifacts;
 mod catalog;
 mod components;
 mod config;
+mod durable;
+pub use durable::{DurableConfig, DurableStatus, MAX_UNENDED_PER_TENANT};
 mod error;
 mod exec;
 pub use exec::MAX_RESULT_BYTES;

@@ -74,6 +74,10 @@ pub(crate) struct Pipeline {
     pub approvals: Arc<Approvals>,
     pub metrics: Arc<Metrics>,
     pub call_ids: CallIds,
+    /// This node's name in the leases of the durable calls it runs.
+    pub node: String,
+    /// Wakes this node's durable-call workers: a call was submitted.
+    pub durable_wake: Arc<tokio::sync::Notify>,
 }
 
 impl Pipeline {
@@ -516,7 +520,14 @@ impl Default for CallIds {
 }
 
 impl CallIds {
-    fn next(&self) -> String {
+    /// The random part of this process's call ids: its name as a node.
+    pub fn node(&self) -> String {
+        format!("{:016x}", self.prefix)
+    }
+}
+
+impl CallIds {
+    pub fn next(&self) -> String {
         format!(
             "{:016x}-{:08x}",
             self.prefix,

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::sync::broadcast::{self, error::RecvError};
 use toolhost_store::Change;
 
@@ -23,8 +24,8 @@ impl Drop for Following {
     }
 }
 
-/// What a node caches of the shared store.
-pub(crate) type Cached = (Arc<Catalog>, Arc<Tenants>, Arc<Approvals>);
+/// What a node caches of the shared store, and what wakes its durable-call workers.
+pub(crate) type Cached = ((Arc<Catalog>, Arc<Tenants>, Arc<Approvals>), Arc<Notify>);
 
 /// Applies `changes` as they come, and everything again every `resync`.
 pub(crate) fn follow(
@@ -53,11 +54,15 @@ pub(crate) fn follow(
 }
 
 async fn apply(
-    (catalog, tenants, approvals): &Cached,
+    ((catalog, tenants, approvals), durable_wake): &Cached,
     change: &Change,
 ) -> Result<(), toolhost_store::StoreError> {
     tenants.forget(change);
     match change {
+        Change::Calls => {
+            durable_wake.notify_one();
+            Ok(())
+        }
         Change::Tools { tenant } => catalog.reload(tenant).await,
         Change::HeldCalls => approvals.reload().await,
         Change::Resync => {

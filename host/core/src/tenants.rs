@@ -178,7 +178,7 @@ impl Tenants {
                 self.lock_policies().clear();
                 self.keys.clear();
             }
-            Change::Tools { .. } | Change::Config { .. } | Change::HeldCalls => {}
+            Change::Tools { .. } | Change::Config { .. } | Change::HeldCalls | Change::Calls => {}
         }
     }
 

@@ -28,8 +28,8 @@ use toolhost::export::Format;
 use toolhost::http_tool::HttpToolDef;
 use toolhost::sandbox::LoadError;
 use toolhost::{
-    Access, ApprovalError, CallError, CallOutcome, Caller, Host, InstallError, KeyRecord,
-    ManageError, StoreError,
+    Access, ApprovalError, CallError, Caller, Host, InstallError, KeyRecord, ManageError,
+    StoreError,
 };
 
 use crate::batch;
@@ -127,6 +127,7 @@ fn router_with_shutdown(
         .route("/v1/tools/{name}/versions", get(versions))
         .route("/v1/tools/{name}/rollback", post(rollback))
         .route("/v1/tools/{name}/call", post(call))
+        .route("/v1/calls/{call_id}", get(durable_call))
         .route("/v1/export", get(export))
         .route("/v1/policy", get(policy))
         .route("/v1/usage", get(usage))
@@ -795,12 +796,31 @@ fn empty_object() -> Value {
 
 /// 200 with the outcome, failed or not: the call happened. 404 only for a tool that does not
 /// exist for this tenant.
+#[derive(Deserialize)]
+struct CallQuery {
+    /// `sync` (the default): the outcome in the response; `async`: 202 and a call id.
+    mode: Option<String>,
+}
+
 async fn call(
     State(app): State<App>,
     key: Key,
     Path(name): Path<String>,
+    Query(query): Query<CallQuery>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
+    let durable = match query.mode.as_deref() {
+        None | Some("sync") => false,
+        Some("async") => true,
+        Some(other) => {
+            let message = format!("mode is `sync` or `async`, not `{other}`");
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                message,
+            ));
+        }
+    };
     key.may(Access::Call)?;
     let tenant = key.0.tenant.clone();
     let request: CallRequest = json_body(body)?;
@@ -816,41 +836,76 @@ async fn call(
         key.may(Access::SetData)?;
     }
     let caller = Caller::tenant(tenant).with_data(request.data);
+    if durable {
+        let call_id = app
+            .host
+            .submit(&caller, &name, request.arguments)
+            .await
+            .map_err(|error| submit_error(&name, error))?;
+        let href = format!("/v1/calls/{call_id}");
+        let body = json!({"call_id": call_id, "status": "queued", "href": href});
+        return Ok((StatusCode::ACCEPTED, [(header::LOCATION, href)], Json(body)).into_response());
+    }
     let outcome = app.host.call(&caller, &name, request.arguments).await;
     if let Err(CallError::NotFound { .. }) = outcome.result {
         return Err(ApiError::not_found(&name));
     }
-    Ok(Json(outcome_body(outcome)))
+    Ok(Json(outcome.to_json()).into_response())
 }
 
-fn outcome_body(outcome: CallOutcome) -> Value {
-    let mut body = json!({
-        "call_id": outcome.call_id,
-        "tool": outcome.tool,
-        "ok": outcome.result.is_ok(),
-        "clipped": outcome.clipped,
-        "cache_hit": outcome.cache_hit,
-        "retries": outcome.retries,
-        "duration_ms": outcome.duration.as_secs_f64() * 1e3,
-        "queued_ms": outcome.queued.as_secs_f64() * 1e3,
-        "fuel_used": outcome.fuel_used,
-        "log": outcome.log,
-    });
-    match outcome.result {
-        Ok(value) => body["result"] = value,
-        Err(error) => {
-            let mut detail = json!({"code": error.code(), "message": error.to_string()});
-            if let CallError::RateLimited {
-                retry_after_ms: Some(ms),
-                ..
-            } = error
-            {
-                detail["retry_after_ms"] = json!(ms);
-            }
-            body["error"] = detail;
-        }
+fn submit_error(name: &str, error: CallError) -> ApiError {
+    match error {
+        CallError::NotFound { .. } => ApiError::not_found(name),
+        CallError::RateLimited { .. } => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            error.to_string(),
+        ),
+        CallError::StorageUnavailable { .. } => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_unavailable",
+            error.to_string(),
+        ),
+        other => ApiError::internal(other),
     }
-    body
+}
+
+/// The longest a `GET /v1/calls/{id}?wait=` holds the request.
+const MAX_WAIT_SECONDS: u64 = 30;
+
+#[derive(Deserialize)]
+struct DurableQuery {
+    /// Seconds to wait for the call to end, at most [`MAX_WAIT_SECONDS`].
+    wait: Option<u64>,
+}
+
+/// A durable call's status, and its outcome once it has ended.
+async fn durable_call(
+    State(app): State<App>,
+    key: Key,
+    Path(call_id): Path<String>,
+    Query(query): Query<DurableQuery>,
+) -> Result<Json<Value>, ApiError> {
+    key.may(Access::Call)?;
+    let wait = std::time::Duration::from_secs(query.wait.unwrap_or(0).min(MAX_WAIT_SECONDS));
+    let status = app
+        .host
+        .durable_call(&key.0.tenant, &call_id, wait)
+        .await
+        .map_err(|e| ApiError::storage(&e))?
+        .ok_or_else(|| {
+            let message = format!("no call `{}`", call_id.chars().take(64).collect::<String>());
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+        })?;
+    let mut body = json!({
+        "call_id": status.call_id,
+        "status": status.status,
+        "attempts": status.attempts,
+    });
+    if let Some(outcome) = status.outcome {
+        body["outcome"] = outcome;
+    }
+    Ok(Json(body))
 }
 
 async fn policy(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
@@ -941,7 +996,7 @@ async fn approve(
         .approve(&tenant, &call_id)
         .await
         .map_err(approval_error)?;
-    Ok(Json(outcome_body(outcome)))
+    Ok(Json(outcome.to_json()))
 }
 
 #[derive(Deserialize, Default)]
@@ -971,7 +1026,7 @@ async fn reject(
         .reject(&tenant, &call_id, reason)
         .await
         .map_err(approval_error)?;
-    Ok(Json(outcome_body(outcome)))
+    Ok(Json(outcome.to_json()))
 }
 
 fn approval_error(error: ApprovalError) -> ApiError {

@@ -156,6 +156,13 @@ pub enum CallError {
     /// where it was, its instance dropped.
     #[error("cancelled by the caller")]
     Cancelled,
+    /// A durable call's node stopped answering while it ran, and the tool is not idempotent,
+    /// so it is not run again: whether it took effect is unknown.
+    #[error("the node running the call was lost: {message}")]
+    NodeLost {
+        /// Which node, and when.
+        message: String,
+    },
     /// The tenant is over a rate or concurrency limit of its policy; other tenants are not.
     #[error("rate limited: {message}")]
     RateLimited {
@@ -194,6 +201,7 @@ impl CallError {
             CallError::ApprovalRequired { .. } => "approval_required",
             CallError::Rejected { .. } => "rejected",
             CallError::Cancelled => "cancelled",
+            CallError::NodeLost { .. } => "node_lost",
             CallError::RateLimited { .. } => "rate_limited",
         }
     }
@@ -245,6 +253,39 @@ impl CallOutcome {
     /// `"ok"` or the error's [`CallError::code`].
     pub fn code(&self) -> &'static str {
         self.result.as_ref().map_or_else(CallError::code, |_| "ok")
+    }
+
+    /// The outcome as the HTTP API answers it and a durable call keeps it: `ok`, then the
+    /// `result` or the `error` (its `code` and `message`), and what the call used.
+    pub fn to_json(&self) -> Value {
+        let mut body = serde_json::json!({
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "ok": self.result.is_ok(),
+            "clipped": self.clipped,
+            "cache_hit": self.cache_hit,
+            "retries": self.retries,
+            "duration_ms": self.duration.as_secs_f64() * 1e3,
+            "queued_ms": self.queued.as_secs_f64() * 1e3,
+            "fuel_used": self.fuel_used,
+            "log": self.log,
+        });
+        match &self.result {
+            Ok(value) => body["result"] = value.clone(),
+            Err(error) => {
+                let mut detail =
+                    serde_json::json!({"code": error.code(), "message": error.to_string()});
+                if let CallError::RateLimited {
+                    retry_after_ms: Some(ms),
+                    ..
+                } = error
+                {
+                    detail["retry_after_ms"] = serde_json::json!(ms);
+                }
+                body["error"] = detail;
+            }
+        }
+        body
     }
 }
 

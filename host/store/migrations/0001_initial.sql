@@ -74,3 +74,20 @@ CREATE TABLE search_vectors (
     key TEXT PRIMARY KEY,
     vector BYTEA NOT NULL
 );
+
+-- Calls submitted to run on whichever node claims them (`FOR UPDATE SKIP LOCKED`), leased
+-- to that node while it runs them. `call` is the whole record as JSON; the columns are what
+-- claims and renewals select on.
+CREATE TABLE durable_calls (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    status TEXT NOT NULL,
+    node TEXT,
+    lease_until_ms BIGINT,
+    created_at_ms BIGINT NOT NULL,
+    ended_at_ms BIGINT,
+    call TEXT NOT NULL
+);
+CREATE INDEX durable_calls_unended ON durable_calls (created_at_ms)
+    WHERE status IN ('queued', 'running');
+CREATE INDEX durable_calls_ended ON durable_calls (ended_at_ms) WHERE ended_at_ms IS NOT NULL;

@@ -309,6 +309,30 @@ pub trait Store: Send + Sync {
     /// Committed lazily: a vector lost in a crash is encoded again.
     async fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()>;
 
+    /// Queues a durable call ([`DurableState::Queued`]).
+    async fn durable_put(&self, call: &DurableCall) -> Result<()>;
+    /// A durable call by id.
+    async fn durable_get(&self, id: &str) -> Result<Option<DurableCall>>;
+    /// Claims the oldest call ready to run for `node`, leased until `lease_until_ms`: a
+    /// queued one, or one whose lease ran out by `now_ms` (its node died). Such a stalled call
+    /// runs again only while it has `retries_left`; otherwise it ends [`DurableState::Lost`]
+    /// and the next is tried. However many nodes claim at once, each call goes to one.
+    async fn durable_claim(
+        &self,
+        node: &str,
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> Result<Option<DurableCall>>;
+    /// Extends `node`'s lease on a running call; false if the call is no longer `node`'s.
+    async fn durable_renew(&self, id: &str, node: &str, lease_until_ms: u64) -> Result<bool>;
+    /// Records a call's outcome, if the call is still `node`'s; false if it is not (its lease
+    /// ran out and another node took it, or it ended lost).
+    async fn durable_finish(&self, id: &str, node: &str, outcome: &Value) -> Result<bool>;
+    /// How many of the tenant's durable calls have not ended.
+    async fn durable_unfinished(&self, tenant: &str) -> Result<usize>;
+    /// Forgets the calls that ended before `before_ms`; how many.
+    async fn durable_purge(&self, before_ms: u64) -> Result<usize>;
+
     /// Whether writes reach the disk; if one failed, why. Reads from memory go on either way.
     fn health(&self) -> std::result::Result<(), String> {
         Ok(())
@@ -320,6 +344,114 @@ pub trait Store: Send + Sync {
     fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<Change>> {
         None
     }
+}
+
+/// A call submitted to run later, on whichever node claims it, and what became of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DurableCall {
+    /// The call id, also its outcome's.
+    pub id: String,
+    /// Who called.
+    pub caller: Caller,
+    /// The tool, by name.
+    pub tool: String,
+    /// The arguments as given.
+    pub args: Value,
+    /// Times a stalled run may still be started again: the tool's `retry_count_on_stall` if
+    /// it is idempotent, else 0.
+    pub retries_left: u32,
+    /// Runs started so far.
+    pub attempts: u32,
+    /// When it was submitted (Unix milliseconds).
+    pub created_at_ms: u64,
+    /// Where it stands.
+    pub state: DurableState,
+}
+
+impl DurableCall {
+    /// Whether it has ended, one way or the other.
+    pub fn ended(&self) -> bool {
+        matches!(
+            self.state,
+            DurableState::Done { .. } | DurableState::Lost { .. }
+        )
+    }
+}
+
+/// Where a durable call stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum DurableState {
+    /// Waiting for a node.
+    Queued,
+    /// Running on `node`, which renews its lease while it runs.
+    Running {
+        /// The node's id.
+        node: String,
+        /// When the call is taken to be stalled unless renewed (Unix milliseconds).
+        lease_until_ms: u64,
+    },
+    /// Ended, with its outcome (`CallOutcome::to_json`).
+    Done {
+        /// The outcome.
+        outcome: Value,
+        /// When (Unix milliseconds).
+        ended_at_ms: u64,
+    },
+    /// Its node stopped renewing the lease and the tool may not run twice.
+    Lost {
+        /// The node it was lost with.
+        node: String,
+        /// When the loss was noticed (Unix milliseconds).
+        ended_at_ms: u64,
+    },
+}
+
+impl DurableState {
+    /// The stored status: `queued`, `running`, `done` or `lost`.
+    pub fn status(&self) -> &'static str {
+        match self {
+            DurableState::Queued => "queued",
+            DurableState::Running { .. } => "running",
+            DurableState::Done { .. } => "done",
+            DurableState::Lost { .. } => "lost",
+        }
+    }
+}
+
+/// What a claim makes of a call that is queued, or whose lease ran out by `now_ms`: the
+/// call to run (leased to `node`), or `None` when it is not ready. A stalled call without
+/// retries left is ended lost in `call` itself.
+pub(crate) fn claim(
+    call: &mut DurableCall,
+    node: &str,
+    now_ms: u64,
+    lease_until_ms: u64,
+) -> Option<DurableCall> {
+    match &call.state {
+        DurableState::Queued => {}
+        DurableState::Running {
+            node: running_on,
+            lease_until_ms: lease,
+        } if *lease < now_ms => {
+            if call.retries_left == 0 {
+                let lost = running_on.clone();
+                call.state = DurableState::Lost {
+                    node: lost,
+                    ended_at_ms: now_ms,
+                };
+                return None;
+            }
+            call.retries_left -= 1;
+        }
+        _ => return None,
+    }
+    call.attempts += 1;
+    call.state = DurableState::Running {
+        node: node.to_owned(),
+        lease_until_ms,
+    };
+    Some(call.clone())
 }
 
 /// A change another node made to records this node caches.
@@ -344,6 +476,8 @@ pub enum Change {
     Keys,
     /// A call held for approval, or one decided.
     HeldCalls,
+    /// A durable call submitted: a node with a free worker may claim it.
+    Calls,
     /// Notices may have been missed (the connection that receives them dropped): read
     /// everything again.
     Resync,
@@ -358,6 +492,7 @@ impl Change {
             Change::Config { tenant } => format!("config {tenant}"),
             Change::Keys => "keys".into(),
             Change::HeldCalls => "held_calls".into(),
+            Change::Calls => "calls".into(),
             Change::Resync => "resync".into(),
         }
     }
@@ -372,6 +507,7 @@ impl Change {
             "config" => Change::Config { tenant },
             "keys" => Change::Keys,
             "held_calls" => Change::HeldCalls,
+            "calls" => Change::Calls,
             "resync" => Change::Resync,
             _ => return None,
         })
@@ -412,11 +548,13 @@ pub(crate) fn cache_expired(expires_at_ms: u64, now_ms: u64) -> bool {
     expires_at_ms <= now_ms || expires_at_ms - now_ms > CACHE_TTL_MS.max
 }
 
+#[cfg(feature = "postgres")]
 /// What a KV entry costs its tenant: its key (`tenant \0 tool \0 key`) and its value.
 pub(crate) fn kv_bytes(tenant: &str, tool: &str, key: &str, value_len: usize) -> i64 {
     (tenant.len() + 1 + tool.len() + 1 + key.len() + value_len) as i64
 }
 
+#[cfg(feature = "postgres")]
 /// What a cached result costs its tenant: its key (`tenant \0 key`), its expiry (8 bytes)
 /// and its JSON.
 pub(crate) fn cache_bytes(tenant: &str, key: &[u8], json_len: usize) -> i64 {

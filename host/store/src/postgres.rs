@@ -20,8 +20,9 @@ use tokio::sync::{broadcast, oneshot};
 use toolhost_spec::policy::TenantPolicy;
 
 use crate::{
-    Change, ConfigValue, HeldCall, KeyRecord, Result, SecretsKey, Store, StoreError, ToolEntry,
-    cache_bytes, cache_expired, kv_bytes, now_ms, open_config, over, quota_error, seal_config,
+    Change, ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, Result, SecretsKey, Store,
+    StoreError, ToolEntry, cache_bytes, cache_expired, kv_bytes, now_ms, open_config, over,
+    quota_error, seal_config,
 };
 
 /// A blob this young is never collected: an install on another node may not have written
@@ -240,6 +241,71 @@ impl PgStore {
         }
         Ok((count, freed))
     }
+}
+
+impl PgStore {
+    /// Moves `node`'s running call `id` to `next`; whether it was `node`'s.
+    async fn durable_own(&self, id: &str, node: &str, next: DurableState) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        let json: Option<String> = sqlx::query_scalar(
+            "SELECT call FROM durable_calls \
+             WHERE id = $1 AND status = 'running' AND node = $2 FOR UPDATE",
+        )
+        .bind(id)
+        .bind(node)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        let Some(json) = json else {
+            return Ok(false);
+        };
+        let mut call: DurableCall = parse("durable call", id, &json)?;
+        call.state = next;
+        write_durable(&mut tx, &call, false).await?;
+        tx.commit().await.map_err(backend)?;
+        Ok(true)
+    }
+}
+
+/// Writes a durable call's row: its record, and the columns claims select on.
+async fn write_durable(
+    tx: &mut Transaction<'static, Postgres>,
+    call: &DurableCall,
+    new: bool,
+) -> Result<()> {
+    let (node, lease, ended) = match &call.state {
+        DurableState::Queued => (None, None, None),
+        DurableState::Running {
+            node,
+            lease_until_ms,
+        } => (Some(node.as_str()), Some(to_i64(*lease_until_ms)), None),
+        DurableState::Done { ended_at_ms, .. } => (None, None, Some(to_i64(*ended_at_ms))),
+        DurableState::Lost { node, ended_at_ms } => {
+            (Some(node.as_str()), None, Some(to_i64(*ended_at_ms)))
+        }
+    };
+    let json = serde_json::to_string(call).expect("a durable call serializes");
+    let statement = if new {
+        "INSERT INTO durable_calls \
+         (id, tenant, status, node, lease_until_ms, created_at_ms, ended_at_ms, call) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+    } else {
+        "UPDATE durable_calls SET status = $3, node = $4, lease_until_ms = $5, \
+         ended_at_ms = $7, call = $8 WHERE id = $1 AND tenant = $2 AND created_at_ms = $6"
+    };
+    sqlx::query(statement)
+        .bind(&call.id)
+        .bind(&call.caller.tenant)
+        .bind(call.state.status())
+        .bind(node)
+        .bind(lease)
+        .bind(to_i64(call.created_at_ms))
+        .bind(ended)
+        .bind(json)
+        .execute(&mut **tx)
+        .await
+        .map_err(backend)?;
+    Ok(())
 }
 
 /// Passes other nodes' notices on. After the connection drops, sqlx reconnects and
@@ -830,6 +896,93 @@ impl Store for PgStore {
         .await
         .map_err(backend)?;
         Ok(())
+    }
+
+    async fn durable_put(&self, call: &DurableCall) -> Result<()> {
+        let mut tx = self.begin().await?;
+        write_durable(&mut tx, call, true).await?;
+        self.announce(&mut tx, Change::Calls).await?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn durable_get(&self, id: &str) -> Result<Option<DurableCall>> {
+        let json: Option<String> =
+            sqlx::query_scalar("SELECT call FROM durable_calls WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(backend)?;
+        json.map(|json| parse("durable call", id, &json))
+            .transpose()
+    }
+
+    async fn durable_claim(
+        &self,
+        node: &str,
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> Result<Option<DurableCall>> {
+        // Each round ends at most one stalled call lost; a few rounds, then the next poll.
+        for _ in 0..16 {
+            let mut tx = self.begin().await?;
+            let row: Option<(String, String)> = sqlx::query_as(
+                "SELECT id, call FROM durable_calls \
+                 WHERE status = 'queued' OR (status = 'running' AND lease_until_ms < $1) \
+                 ORDER BY created_at_ms LIMIT 1 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(to_i64(now_ms))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(backend)?;
+            let Some((id, json)) = row else {
+                return Ok(None);
+            };
+            let mut call: DurableCall = parse("durable call", &id, &json)?;
+            let claimed = crate::claim(&mut call, node, now_ms, lease_until_ms);
+            write_durable(&mut tx, &call, false).await?;
+            tx.commit().await.map_err(backend)?;
+            if claimed.is_some() {
+                return Ok(claimed);
+            }
+        }
+        Ok(None)
+    }
+
+    async fn durable_renew(&self, id: &str, node: &str, lease_until_ms: u64) -> Result<bool> {
+        let next = DurableState::Running {
+            node: node.to_owned(),
+            lease_until_ms,
+        };
+        self.durable_own(id, node, next).await
+    }
+
+    async fn durable_finish(&self, id: &str, node: &str, outcome: &Value) -> Result<bool> {
+        let next = DurableState::Done {
+            outcome: outcome.clone(),
+            ended_at_ms: now_ms(),
+        };
+        self.durable_own(id, node, next).await
+    }
+
+    async fn durable_unfinished(&self, tenant: &str) -> Result<usize> {
+        let count: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM durable_calls \
+             WHERE tenant = $1 AND status IN ('queued', 'running')",
+        )
+        .bind(tenant)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(count as usize)
+    }
+
+    async fn durable_purge(&self, before_ms: u64) -> Result<usize> {
+        let purged = sqlx::query("DELETE FROM durable_calls WHERE ended_at_ms < $1")
+            .bind(to_i64(before_ms))
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(purged.rows_affected() as usize)
     }
 
     fn changes(&self) -> Option<broadcast::Receiver<Change>> {

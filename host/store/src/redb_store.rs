@@ -14,6 +14,8 @@
 //! | `held_calls`| call id                        | [`HeldCall`] JSON                         |
 //! | `search_vectors` | model fingerprint and text digest | the vector's bytes               |
 //! | `usage`     | `tenant`                       | bytes of its KV and cache entries (u64 BE) |
+//! | `durable_calls` | call id                    | [`DurableCall`] JSON                      |
+//! | `durable_unended` | call id of each call not ended | nothing                          |
 //!
 //! Each write is one redb transaction, on disk (synced) before it returns; cached results and
 //! search vectors, which are computed again if lost, are synced lazily. redb blocks: every
@@ -24,14 +26,14 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use toolhost_spec::policy::TenantPolicy;
 
 use crate::{
-    ConfigValue, HeldCall, KeyRecord, Result, SecretsKey, Store, StoreError, ToolEntry,
-    cache_expired, now_ms, open_config, over, quota_error, seal_config,
+    ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, Result, SecretsKey, Store,
+    StoreError, ToolEntry, cache_expired, now_ms, open_config, over, quota_error, seal_config,
 };
 
 fn key(parts: &[&str]) -> Vec<u8> {
@@ -52,9 +54,14 @@ const KEYS: Table = TableDefinition::new("keys");
 const POLICIES: Table = TableDefinition::new("policies");
 const HELD_CALLS: Table = TableDefinition::new("held_calls");
 const SEARCH_VECTORS: Table = TableDefinition::new("search_vectors");
+const DURABLE_CALLS: Table = TableDefinition::new("durable_calls");
+/// The ids of the durable calls that have not ended: what a claim looks through.
+const DURABLE_UNENDED: Table = TableDefinition::new("durable_unended");
 /// Bytes of each tenant's data (KV and cache entries, keys included), kept with every write.
 const USAGE: Table = TableDefinition::new("usage");
-const TABLES: [Table; 12] = [
+const TABLES: [Table; 14] = [
+    DURABLE_CALLS,
+    DURABLE_UNENDED,
     TOOLS,
     BLOBS,
     ARTIFACTS,
@@ -497,6 +504,123 @@ impl RedbFile {
         let stored = [&Sha256::digest(artifact)[..], artifact].concat();
         let key = format!("{sha}:{fingerprint}");
         self.put(ARTIFACTS, key.as_bytes(), &stored, Commit::Durable)
+    }
+
+    fn durable_put(&self, call: &DurableCall) -> Result<()> {
+        let json = serde_json::to_vec(call).expect("a durable call serializes");
+        self.write(Commit::Durable, |tx| {
+            tx.open_table(DURABLE_CALLS)?
+                .insert(call.id.as_bytes(), &json[..])?;
+            tx.open_table(DURABLE_UNENDED)?
+                .insert(call.id.as_bytes(), &[][..])?;
+            Ok(())
+        })
+    }
+
+    fn durable_get(&self, id: &str) -> Result<Option<DurableCall>> {
+        self.get_json(DURABLE_CALLS, id.as_bytes())
+    }
+
+    /// Runs `change` on the calls not ended, oldest first (only `id`, if given), in one
+    /// transaction, writing back each it changed, until it returns a value.
+    fn durable_update<T>(
+        &self,
+        id: Option<&str>,
+        mut change: impl FnMut(&mut DurableCall) -> (bool, Option<T>),
+    ) -> Result<Option<T>> {
+        self.write(Commit::Durable, |tx| {
+            let mut table = tx.open_table(DURABLE_CALLS)?;
+            let mut unended = tx.open_table(DURABLE_UNENDED)?;
+            let ids: Vec<Vec<u8>> = match id {
+                Some(id) => vec![id.as_bytes().to_vec()],
+                None => unended
+                    .iter()?
+                    .filter_map(|entry| Some(entry.ok()?.0.value().to_vec()))
+                    .collect(),
+            };
+            let mut calls: Vec<DurableCall> = Vec::new();
+            for id in ids {
+                let stored = table.get(&id[..])?.map(|v| v.value().to_vec());
+                if let Some(call) = stored.and_then(|v| serde_json::from_slice(&v).ok()) {
+                    calls.push(call);
+                }
+            }
+            calls.sort_by_key(|call: &DurableCall| call.created_at_ms);
+            for mut call in calls {
+                let (changed, found) = change(&mut call);
+                if changed {
+                    let json = serde_json::to_vec(&call).expect("a durable call serializes");
+                    table.insert(call.id.as_bytes(), &json[..])?;
+                    if call.ended() {
+                        unended.remove(call.id.as_bytes())?;
+                    }
+                }
+                if found.is_some() {
+                    return Ok(found);
+                }
+            }
+            Ok(None)
+        })
+    }
+
+    fn durable_claim(
+        &self,
+        node: &str,
+        now_ms: u64,
+        lease_until: u64,
+    ) -> Result<Option<DurableCall>> {
+        // Idle workers ask often: with nothing to claim, no write (and no sync) at all.
+        if self.read(DURABLE_UNENDED, |t| t.is_empty().map_err(backend))? {
+            return Ok(None);
+        }
+        self.durable_update(None, |call| {
+            let before = call.state.clone();
+            let claimed = crate::claim(call, node, now_ms, lease_until);
+            (call.state != before, claimed)
+        })
+    }
+
+    /// Moves `node`'s running call `id` to `next`; whether it was `node`'s.
+    fn durable_own(&self, id: &str, node: &str, next: DurableState) -> Result<bool> {
+        let owned = self.durable_update(Some(id), |call| {
+            let mine = matches!(&call.state, DurableState::Running { node: on, .. } if on == node);
+            if mine {
+                call.state = next.clone();
+            }
+            (mine, Some(mine))
+        })?;
+        Ok(owned == Some(true))
+    }
+
+    fn durable_unfinished(&self, tenant: &str) -> Result<usize> {
+        let mut count = 0;
+        for (id, _) in self.scan(DURABLE_UNENDED, b"")? {
+            let call: Option<DurableCall> = self.get_json(DURABLE_CALLS, &id)?;
+            count += usize::from(call.is_some_and(|call| call.caller.tenant == tenant));
+        }
+        Ok(count)
+    }
+
+    fn durable_purge(&self, before_ms: u64) -> Result<usize> {
+        let calls: Vec<(Vec<u8>, DurableCall)> =
+            readable(self.scan(DURABLE_CALLS, b"")?, "durable call");
+        let old: Vec<Vec<u8>> = calls
+            .into_iter()
+            .filter(|(_, call)| match call.state {
+                DurableState::Done { ended_at_ms, .. } | DurableState::Lost { ended_at_ms, .. } => {
+                    ended_at_ms < before_ms
+                }
+                _ => false,
+            })
+            .map(|(key, _)| key)
+            .collect();
+        self.write(Commit::Durable, |tx| {
+            let mut table = tx.open_table(DURABLE_CALLS)?;
+            for key in &old {
+                table.remove(&key[..])?;
+            }
+            Ok(old.len())
+        })
     }
 
     /// Every blob's sha, or `None` while a tool record is unreadable: what it refers to is
@@ -1068,6 +1192,58 @@ impl Store for RedbStore {
     async fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
         let (key, vector) = (key.to_owned(), vector.to_vec());
         self.blocking(move |file| file.put_search_vector(&key, &vector))
+            .await
+    }
+
+    async fn durable_put(&self, call: &DurableCall) -> Result<()> {
+        let call = call.clone();
+        self.blocking(move |file| file.durable_put(&call)).await
+    }
+
+    async fn durable_get(&self, id: &str) -> Result<Option<DurableCall>> {
+        let id = id.to_owned();
+        self.blocking(move |file| file.durable_get(&id)).await
+    }
+
+    async fn durable_claim(
+        &self,
+        node: &str,
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> Result<Option<DurableCall>> {
+        let node = node.to_owned();
+        self.blocking(move |file| file.durable_claim(&node, now_ms, lease_until_ms))
+            .await
+    }
+
+    async fn durable_renew(&self, id: &str, node: &str, lease_until_ms: u64) -> Result<bool> {
+        let (id, node) = (id.to_owned(), node.to_owned());
+        let next = DurableState::Running {
+            node: node.clone(),
+            lease_until_ms,
+        };
+        self.blocking(move |file| file.durable_own(&id, &node, next))
+            .await
+    }
+
+    async fn durable_finish(&self, id: &str, node: &str, outcome: &Value) -> Result<bool> {
+        let (id, node) = (id.to_owned(), node.to_owned());
+        let next = DurableState::Done {
+            outcome: outcome.clone(),
+            ended_at_ms: now_ms(),
+        };
+        self.blocking(move |file| file.durable_own(&id, &node, next))
+            .await
+    }
+
+    async fn durable_unfinished(&self, tenant: &str) -> Result<usize> {
+        let tenant = tenant.to_owned();
+        self.blocking(move |file| file.durable_unfinished(&tenant))
+            .await
+    }
+
+    async fn durable_purge(&self, before_ms: u64) -> Result<usize> {
+        self.blocking(move |file| file.durable_purge(before_ms))
             .await
     }
 

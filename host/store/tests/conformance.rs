@@ -9,8 +9,8 @@ use toolhost_spec::call::Caller;
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::ToolSpec;
 use toolhost_store::{
-    Change, ConfigValue, HeldCall, KeyRecord, PgOptions, PgStore, RedbStore, SecretsKey,
-    SourceKind, Store, StoreError, ToolEntry, now_ms,
+    Change, ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, PgOptions, PgStore,
+    RedbStore, SecretsKey, SourceKind, Store, StoreError, ToolEntry, now_ms,
 };
 
 /// A fresh, empty database on the test server, and its URL.
@@ -74,6 +74,9 @@ conformance!(
     tenants_keys_and_policies_round_trip,
     a_held_call_is_removed_once,
     search_vectors_round_trip,
+    a_durable_call_goes_to_one_claimer,
+    a_stalled_durable_call_runs_again_only_while_it_has_retries,
+    ended_durable_calls_are_purged,
 );
 
 fn key() -> SecretsKey {
@@ -446,4 +449,130 @@ async fn nodes_starting_together_migrate_once() {
         .await
         .unwrap();
     assert_eq!(applied, 1);
+}
+
+fn durable(id: &str, retries_left: u32, created_at_ms: u64) -> DurableCall {
+    DurableCall {
+        id: id.into(),
+        caller: Caller::tenant("acme"),
+        tool: "t".into(),
+        args: json!({"n": 1}),
+        retries_left,
+        attempts: 0,
+        created_at_ms,
+        state: DurableState::Queued,
+    }
+}
+
+async fn a_durable_call_goes_to_one_claimer(store: Arc<dyn Store>) {
+    store.durable_put(&durable("c1", 0, 1)).await.unwrap();
+    assert_eq!(store.durable_unfinished("acme").await.unwrap(), 1);
+    let claims: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let node = format!("node{i}");
+                store
+                    .durable_claim(&node, 1_000, 60_000)
+                    .await
+                    .unwrap()
+                    .map(|_| node)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for claim in claims {
+        winners.extend(claim.await.unwrap());
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    let winner = &winners[0];
+    assert!(
+        !store
+            .durable_renew("c1", "someone-else", 90_000)
+            .await
+            .unwrap()
+    );
+    assert!(store.durable_renew("c1", winner, 90_000).await.unwrap());
+    assert!(
+        !store
+            .durable_finish("c1", "someone-else", &json!(1))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .durable_finish("c1", winner, &json!({"ok": true}))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store.durable_finish("c1", winner, &json!(2)).await.unwrap(),
+        "once"
+    );
+    let ended = store.durable_get("c1").await.unwrap().unwrap();
+    assert!(
+        matches!(&ended.state, DurableState::Done { outcome, .. } if outcome == &json!({"ok": true})),
+        "{ended:?}"
+    );
+    assert_eq!(ended.attempts, 1);
+    assert_eq!(store.durable_unfinished("acme").await.unwrap(), 0);
+    assert_eq!(store.durable_claim("n", 2_000, 60_000).await.unwrap(), None);
+}
+
+async fn a_stalled_durable_call_runs_again_only_while_it_has_retries(store: Arc<dyn Store>) {
+    store
+        .durable_put(&durable("idempotent", 1, 1))
+        .await
+        .unwrap();
+    store.durable_put(&durable("once", 0, 2)).await.unwrap();
+    let first = store.durable_claim("a", 100, 200).await.unwrap().unwrap();
+    let second = store.durable_claim("a", 100, 200).await.unwrap().unwrap();
+    assert_eq!(
+        (first.id.as_str(), second.id.as_str()),
+        ("idempotent", "once")
+    );
+    assert_eq!(
+        store.durable_claim("b", 150, 1_000).await.unwrap(),
+        None,
+        "leases hold"
+    );
+    // Node a stops renewing: by 300 both leases ran out.
+    let again = store.durable_claim("b", 300, 1_000).await.unwrap().unwrap();
+    assert_eq!(again.id, "idempotent");
+    assert_eq!((again.attempts, again.retries_left), (2, 0));
+    assert_eq!(store.durable_claim("b", 300, 1_000).await.unwrap(), None);
+    let lost = store.durable_get("once").await.unwrap().unwrap();
+    assert!(
+        matches!(&lost.state, DurableState::Lost { node, .. } if node == "a"),
+        "{lost:?}"
+    );
+    assert!(
+        !store
+            .durable_finish("idempotent", "a", &json!(1))
+            .await
+            .unwrap(),
+        "a lost it"
+    );
+    assert!(
+        store
+            .durable_finish("idempotent", "b", &json!(2))
+            .await
+            .unwrap()
+    );
+    // Stalled again past its retries, a call ends lost too.
+    store.durable_put(&durable("twice", 0, 3)).await.unwrap();
+    store.durable_claim("b", 400, 500).await.unwrap().unwrap();
+    assert_eq!(store.durable_claim("c", 600, 1_000).await.unwrap(), None);
+    let lost = store.durable_get("twice").await.unwrap().unwrap();
+    assert_eq!(lost.state.status(), "lost");
+}
+
+async fn ended_durable_calls_are_purged(store: Arc<dyn Store>) {
+    store.durable_put(&durable("ended", 0, 1)).await.unwrap();
+    store.durable_put(&durable("waiting", 0, 2)).await.unwrap();
+    store.durable_claim("a", 10, 20).await.unwrap().unwrap();
+    assert!(store.durable_finish("ended", "a", &json!(1)).await.unwrap());
+    assert_eq!(store.durable_purge(now_ms() + 1).await.unwrap(), 1);
+    assert_eq!(store.durable_get("ended").await.unwrap(), None);
+    assert!(store.durable_get("waiting").await.unwrap().is_some());
 }

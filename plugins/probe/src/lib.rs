@@ -270,6 +270,12 @@ fn work(args: Work, _: &Context) -> Result<u64, ToolError> {
     Ok(x)
 }
 
+/// Sleeps `ms`, then answers: a call that takes time but no CPU.
+fn nap(args: Busy, _: &Context) -> Result<&'static str, ToolError> {
+    std::thread::sleep(std::time::Duration::from_millis(args.ms));
+    Ok("rested")
+}
+
 #[derive(Deserialize, JsonSchema)]
 struct HoldMemory {
     mib: usize,
@@ -329,6 +335,13 @@ export_tools!(
         kv_rewrite
     ),
     Tool::new("busy", "Busy for some milliseconds.", busy),
+    Tool::new("nap", "Sleeps for some milliseconds.", nap),
+    Tool::new(
+        "nap_idempotent",
+        "Sleeps for some milliseconds; safe to run twice.",
+        nap
+    )
+    .idempotent(2),
     Tool::new("work", "Does a fixed amount of CPU work.", work).fuel(100_000_000_000),
     Tool::new("fs_read", "Reads a file as text.", fs_read),
     Tool::new("fs_write", "Writes text to a file.", fs_write),

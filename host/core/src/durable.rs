@@ -1,0 +1,261 @@
+//! Durable calls: submitted now, run later by whichever node claims them, their outcome kept
+//! in the store. A node leases each call it runs and renews the lease while the call runs;
+//! when a node dies its leases run out, and another node runs an idempotent call again
+//! (up to its `retry_count_on_stall`, at least once) or ends any other `node_lost`: a call
+//! that may have taken effect never runs twice unasked.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::Notify;
+use toolhost_spec::call::{CallError, Caller};
+use toolhost_store::{DurableCall, DurableState, StoreError, now_ms};
+
+use crate::pipeline::{Budget, Pipeline};
+
+/// Durable calls of one tenant not yet ended; past this, a submission is `rate_limited`.
+pub const MAX_UNENDED_PER_TENANT: usize = 1000;
+/// Ended calls are kept this long for their callers to read, then forgotten.
+const KEEP_ENDED: Duration = Duration::from_secs(24 * 3600);
+/// Idle workers look for work this often even unwoken: another node's lease may run out,
+/// and a notice from another node may be missed.
+const POLL: Duration = Duration::from_millis(500);
+
+/// How a host runs durable calls.
+#[derive(Debug, Clone)]
+pub struct DurableConfig {
+    /// Calls this node runs at once. Each still passes its tenant's admission and share.
+    pub workers: usize,
+    /// How long a claim holds without renewal: a dead node's calls are taken up this long
+    /// after its last renewal. Renewed every third of it.
+    pub lease: Duration,
+}
+
+impl Default for DurableConfig {
+    fn default() -> Self {
+        DurableConfig {
+            workers: 8,
+            lease: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A durable call as its caller sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DurableStatus {
+    /// The call id.
+    pub call_id: String,
+    /// `queued`, `running`, `done` or `lost`.
+    pub status: &'static str,
+    /// Runs started so far.
+    pub attempts: u32,
+    /// Once it has ended: its outcome, as `CallOutcome::to_json` renders it (a lost call's is
+    /// a `node_lost` error).
+    pub outcome: Option<Value>,
+}
+
+impl DurableStatus {
+    fn of(call: DurableCall) -> Self {
+        let outcome = match &call.state {
+            DurableState::Done { outcome, .. } => Some(outcome.clone()),
+            DurableState::Lost { node, .. } => {
+                let error = CallError::NodeLost {
+                    message: format!(
+                        "node {node} stopped while it ran the call, and `{}` is not \
+                         idempotent, so it was not run again",
+                        call.tool
+                    ),
+                };
+                let mut outcome =
+                    toolhost_spec::call::CallOutcome::new(call.id.clone(), call.tool.clone());
+                outcome.result = Err(error);
+                Some(outcome.to_json())
+            }
+            DurableState::Queued | DurableState::Running { .. } => None,
+        };
+        DurableStatus {
+            status: call.state.status(),
+            call_id: call.id,
+            attempts: call.attempts,
+            outcome,
+        }
+    }
+
+    /// Whether it has ended.
+    pub fn ended(&self) -> bool {
+        self.outcome.is_some()
+    }
+}
+
+/// The node's durable-call workers; dropping it stops them (a call they were running is
+/// left to its lease, as if the node had died).
+pub(crate) struct Workers(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.0.iter().for_each(tokio::task::JoinHandle::abort);
+    }
+}
+
+/// Starts `config.workers` workers for `pipeline`, woken by `wake` when a call is submitted.
+pub(crate) fn start(pipeline: Arc<Pipeline>, wake: Arc<Notify>, config: DurableConfig) -> Workers {
+    let mut tasks: Vec<_> = (0..config.workers)
+        .map(|_| tokio::spawn(work(pipeline.clone(), wake.clone(), config.lease)))
+        .collect();
+    tasks.push(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(POLL).await;
+            wake.notify_one();
+        }
+    }));
+    tasks.push(tokio::spawn(purge(pipeline)));
+    Workers(tasks)
+}
+
+async fn work(pipeline: Arc<Pipeline>, wake: Arc<Notify>, lease: Duration) {
+    let store = &pipeline.store;
+    loop {
+        let now = now_ms();
+        let lease_until = now + lease.as_millis() as u64;
+        match store.durable_claim(&pipeline.node, now, lease_until).await {
+            Ok(Some(call)) => {
+                // There may be more: another idle worker looks too.
+                wake.notify_one();
+                run(&pipeline, call, lease).await;
+            }
+            Ok(None) => wake.notified().await,
+            Err(error) => {
+                tracing::warn!(%error, "cannot claim durable calls; trying again");
+                tokio::time::sleep(POLL * 2).await;
+            }
+        }
+    }
+}
+
+/// Runs a claimed call while renewing its lease; records the outcome if the call is still
+/// this node's when it ends.
+async fn run(pipeline: &Pipeline, call: DurableCall, lease: Duration) {
+    let (store, node) = (&pipeline.store, &pipeline.node);
+    let renew = async {
+        loop {
+            tokio::time::sleep(lease / 3).await;
+            let until = now_ms() + lease.as_millis() as u64;
+            match store.durable_renew(&call.id, node, until).await {
+                Ok(true) => {}
+                // Another node has it now: this run's outcome would not count.
+                Ok(false) => return,
+                Err(error) => tracing::warn!(%error, call = call.id, "lease not renewed"),
+            }
+        }
+    };
+    let caller = &call.caller;
+    let running = pipeline.call(
+        caller,
+        &call.tool,
+        call.args.clone(),
+        Some(&call.id),
+        Budget::TOP,
+        None,
+    );
+    let outcome = tokio::select! {
+        outcome = running => outcome,
+        () = renew => return,
+    };
+    let outcome = outcome.to_json();
+    // A failing store gets until the lease ends; then the call is another node's to decide.
+    for _ in 0..3 {
+        match store.durable_finish(&call.id, node, &outcome).await {
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(%error, call = call.id, "outcome not recorded; retrying");
+                tokio::time::sleep(lease / 4).await;
+            }
+        }
+    }
+}
+
+/// Forgets ended calls past [`KEEP_ENDED`], every few minutes.
+async fn purge(pipeline: Arc<Pipeline>) {
+    loop {
+        let before = now_ms().saturating_sub(KEEP_ENDED.as_millis() as u64);
+        if let Err(error) = pipeline.store.durable_purge(before).await {
+            tracing::warn!(%error, "ended durable calls not purged");
+        }
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    }
+}
+
+impl Pipeline {
+    /// Queues a call of `name` for any node to run; its call id.
+    pub async fn submit(
+        &self,
+        caller: &Caller,
+        name: &str,
+        args: Value,
+    ) -> Result<String, CallError> {
+        let tool =
+            self.catalog
+                .resolve(&caller.tenant, name)
+                .ok_or_else(|| CallError::NotFound {
+                    name: name.to_owned(),
+                })?;
+        let unavailable = |error: StoreError| CallError::StorageUnavailable {
+            message: format!("the call was not queued: {error}"),
+        };
+        let unended = self
+            .store
+            .durable_unfinished(&caller.tenant)
+            .await
+            .map_err(unavailable)?;
+        if unended >= MAX_UNENDED_PER_TENANT {
+            return Err(CallError::RateLimited {
+                limit: "durable calls",
+                message: format!(
+                    "the tenant has {MAX_UNENDED_PER_TENANT} durable calls that have not ended"
+                ),
+                retry_after_ms: None,
+            });
+        }
+        let spec = tool.spec();
+        let call = DurableCall {
+            id: self.call_ids.next(),
+            caller: caller.clone(),
+            tool: name.to_owned(),
+            args,
+            // A node's death is no fault of the tool: an idempotent one runs again at least once.
+            retries_left: match spec.idempotent {
+                true => spec.retry_count_on_stall.max(1),
+                false => 0,
+            },
+            attempts: 0,
+            created_at_ms: now_ms(),
+            state: DurableState::Queued,
+        };
+        self.store.durable_put(&call).await.map_err(unavailable)?;
+        self.durable_wake.notify_one();
+        Ok(call.id)
+    }
+
+    /// The tenant's durable call `id`, waiting up to `wait` for it to end.
+    pub async fn durable(
+        &self,
+        tenant: &str,
+        id: &str,
+        wait: Duration,
+    ) -> Result<Option<DurableStatus>, StoreError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let call = self.store.durable_get(id).await?;
+            // Another tenant's call is as absent as one that never was.
+            let Some(call) = call.filter(|call| call.caller.tenant == tenant) else {
+                return Ok(None);
+            };
+            let status = DurableStatus::of(call);
+            if status.ended() || tokio::time::Instant::now() >= deadline {
+                return Ok(Some(status));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
