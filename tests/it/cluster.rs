@@ -252,3 +252,91 @@ fn a_killed_nodes_idempotent_calls_complete_elsewhere_and_the_others_end_node_lo
     eprintln!("{lost} calls lost with node a; {rerun} idempotent ones run again on node b");
     b.stop();
 }
+
+#[test]
+fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let db = Database::fresh();
+    let dir = tempfile::tempdir().unwrap();
+    let key = db.tenant(dir.path(), "acme", "{}", "admin");
+    let names = ["a", "b", "c"];
+    let mut nodes: Vec<Server> = names.iter().map(|n| node(&db, dir.path(), n)).collect();
+    let component = std::fs::read(plugin_file("probe")).unwrap();
+    let (status, body) = http(nodes[0].addr, "POST", "/v1/tools", &key, &component);
+    assert!(status == 200 || status == 201, "{status} {body}");
+    for node in &nodes[1..] {
+        within(Duration::from_secs(1), "installed everywhere", || {
+            http(node.addr, "GET", "/v1/tools/nap", &key, b"").0 == 200
+        });
+    }
+    // Where the balancer would send requests: the nodes up now.
+    let up = Arc::new(Mutex::new(nodes.iter().map(|n| n.addr).collect::<Vec<_>>()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (up, stop, key) = (up.clone(), stop.clone(), key.clone());
+        std::thread::spawn(move || {
+            let (mut durable, mut answered, mut turn) = (Vec::new(), 0, 0);
+            while !stop.load(Ordering::Relaxed) {
+                turn += 1;
+                let addr = {
+                    let up = up.lock().unwrap();
+                    up[turn % up.len()]
+                };
+                // The durable call is not idempotent: a node that dropped it would lose it.
+                let (path, body) = match turn % 2 {
+                    0 => (
+                        "/v1/tools/nap/call?mode=async",
+                        r#"{"arguments": {"ms": 300}}"#,
+                    ),
+                    _ => ("/v1/tools/nap/call", r#"{"arguments": {"ms": 20}}"#),
+                };
+                match crate::process::try_http(addr, "POST", path, &key, body.as_bytes()) {
+                    // A node that has stopped listening: the balancer tries another.
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => continue,
+                    Err(e) => panic!("{path} on {addr}: accepted, then no answer: {e}"),
+                    Ok((202, body)) => {
+                        let queued: serde_json::Value = serde_json::from_str(&body).unwrap();
+                        durable.push(queued["call_id"].as_str().unwrap().to_owned());
+                    }
+                    Ok((200, body)) => {
+                        assert!(body.contains(r#""result":"rested""#), "{body}");
+                        answered += 1;
+                    }
+                    Ok((status, body)) => panic!("{path} on {addr}: {status} {body}"),
+                }
+                std::thread::sleep(Duration::from_millis(15));
+            }
+            (durable, answered)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    for (i, name) in names.iter().enumerate() {
+        let addr = nodes[i].addr;
+        up.lock().unwrap().retain(|a| *a != addr);
+        let stopped = std::mem::replace(&mut nodes[i], node(&db, dir.path(), &format!("{name}2")));
+        stopped.stop();
+        up.lock().unwrap().push(nodes[i].addr);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (durable, answered) = load.join().unwrap();
+    assert!(
+        durable.len() > 20 && answered > 20,
+        "{} durable, {answered} synchronous",
+        durable.len()
+    );
+    for call_id in &durable {
+        let path = format!("/v1/calls/{call_id}?wait=30");
+        let (status, body) = http(nodes[0].addr, "GET", &path, &key, b"");
+        assert_eq!(status, 200, "{body}");
+        let call: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(call["status"], "done", "{body}");
+        assert_eq!(call["outcome"]["result"], "rested", "{body}");
+    }
+    eprintln!(
+        "{} durable and {answered} synchronous calls through 3 restarts",
+        durable.len()
+    );
+    nodes.into_iter().for_each(Server::stop);
+}

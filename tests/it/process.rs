@@ -57,11 +57,21 @@ pub fn http(
     key: &str,
     body: &[u8],
 ) -> (u16, String) {
+    try_http(addr, method, path, key, body).expect("the server answers within 10 s")
+}
+
+/// As [`http`], failing rather than panicking when the server cannot be reached or does not
+/// answer.
+pub fn try_http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    key: &str,
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let content_type = if path == "/v1/tools" {
         "application/wasm"
     } else {
@@ -72,12 +82,10 @@ pub fn http(
          Content-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
     let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .expect("the server answers within 10 s");
+    stream.read_to_end(&mut response)?;
     let text = String::from_utf8_lossy(&response).into_owned();
     let status = text
         .split(' ')
@@ -88,7 +96,7 @@ pub fn http(
         .split_once("\r\n\r\n")
         .map_or("", |(_, b)| b)
         .to_owned();
-    (status, body)
+    Ok((status, body))
 }
 
 /// `toolhost serve` on `data`, its compiled artifacts in `artifacts`, on a free port.

@@ -395,9 +395,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     // A node of a cluster keeps its compiled artifacts on its own disk.
     let artifact_dir = (cli.artifact_dir.clone())
         .or_else(|| database.as_ref().map(|_| data_dir.join("artifacts")));
+    // Only a server runs durable calls: a one-shot command would leave them to their leases.
+    let durable = toolhost::DurableConfig {
+        workers: match cli.command {
+            Command::Serve { .. } => toolhost::DurableConfig::default().workers,
+            _ => 0,
+        },
+        ..Default::default()
+    };
     let host = Host::open(HostConfig {
         data_dir: Some(data_dir.clone()),
         database,
+        durable,
         js_runtime,
         egress: toolhost::egress::EgressConfig {
             allow_private: cli.allow_private,
@@ -539,7 +548,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let host = std::sync::Arc::new(host);
             let admin = serve_admin(&host, &data_dir);
             let served =
-                toolhost_server::server::serve(host, listener, options, shutdown_signal()).await;
+                toolhost_server::server::serve(host.clone(), listener, options, shutdown_signal())
+                    .await;
+            // The durable calls this node runs end here, or are left to their leases.
+            if !host.drain(DURABLE_GRACE).await {
+                eprintln!(
+                    "durable calls still running after {DURABLE_GRACE:?}: left to their leases"
+                );
+            }
             stop_admin(admin, &data_dir);
             served.map_err(|e| Failure(1, format!("error: serving: {e}")))?;
         }
@@ -587,6 +603,9 @@ fn stop_admin(admin: tokio::task::JoinHandle<()>, data_dir: &std::path::Path) {
     admin.abort();
     let _ = std::fs::remove_file(data_dir.join(toolhost_server::admin::SOCKET));
 }
+
+/// How long a stopping server lets the durable calls it runs finish.
+const DURABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Resolves on SIGINT or SIGTERM.
 async fn shutdown_signal() {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use toolhost_spec::call::{CallError, Caller};
 use toolhost_store::{DurableCall, DurableState, StoreError, now_ms};
 
@@ -25,7 +26,8 @@ const POLL: Duration = Duration::from_millis(500);
 /// How a host runs durable calls.
 #[derive(Debug, Clone)]
 pub struct DurableConfig {
-    /// Calls this node runs at once. Each still passes its tenant's admission and share.
+    /// Calls this node runs at once. Each still passes its tenant's admission and share. 0
+    /// for a process that only submits and reads calls (the CLI's one-shot commands).
     pub workers: usize,
     /// How long a claim holds without renewal: a dead node's calls are taken up this long
     /// after its last renewal. Renewed every third of it.
@@ -88,34 +90,83 @@ impl DurableStatus {
     }
 }
 
-/// The node's durable-call workers; dropping it stops them (a call they were running is
-/// left to its lease, as if the node had died).
-pub(crate) struct Workers(Vec<tokio::task::JoinHandle<()>>);
+/// The node's durable-call workers. [`Workers::drain`] stops them between calls; dropping
+/// them stops them at once (a call they were running is left to its lease, as if the node
+/// had died).
+pub(crate) struct Workers {
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    stop: CancellationToken,
+}
+
+impl Workers {
+    /// Stops claiming calls and waits up to `grace` for the running ones to end; whether they
+    /// all did. Those still running are then stopped, left to their leases.
+    pub async fn drain(&self, grace: Duration) -> bool {
+        self.stop.cancel();
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        let aborts: Vec<_> = tasks.iter().map(|task| task.abort_handle()).collect();
+        let ended = tokio::time::timeout(grace, futures_join_all(tasks))
+            .await
+            .is_ok();
+        aborts.iter().for_each(tokio::task::AbortHandle::abort);
+        ended
+    }
+}
+
+/// Waits for every task (none of which panics: a worker's call runs in the pipeline, which
+/// turns every fault into an outcome).
+async fn futures_join_all(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for task in tasks {
+        let _ = task.await;
+    }
+}
 
 impl Drop for Workers {
     fn drop(&mut self) {
-        self.0.iter().for_each(tokio::task::JoinHandle::abort);
+        let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
+        tasks.iter().for_each(tokio::task::JoinHandle::abort);
     }
 }
 
 /// Starts `config.workers` workers for `pipeline`, woken by `wake` when a call is submitted.
 pub(crate) fn start(pipeline: Arc<Pipeline>, wake: Arc<Notify>, config: DurableConfig) -> Workers {
+    let stop = CancellationToken::new();
     let mut tasks: Vec<_> = (0..config.workers)
-        .map(|_| tokio::spawn(work(pipeline.clone(), wake.clone(), config.lease)))
+        .map(|_| {
+            let (pipeline, wake, stop) = (pipeline.clone(), wake.clone(), stop.clone());
+            tokio::spawn(work(pipeline, wake, config.lease, stop))
+        })
         .collect();
-    tasks.push(tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(POLL).await;
-            wake.notify_one();
-        }
-    }));
-    tasks.push(tokio::spawn(purge(pipeline)));
-    Workers(tasks)
+    if config.workers > 0 {
+        let stopped = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            while !stopped.is_cancelled() {
+                tokio::time::sleep(POLL).await;
+                wake.notify_one();
+            }
+        }));
+        let stopped = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                () = purge(pipeline) => {}
+                () = stopped.cancelled() => {}
+            }
+        }));
+    }
+    Workers {
+        tasks: std::sync::Mutex::new(tasks),
+        stop,
+    }
 }
 
-async fn work(pipeline: Arc<Pipeline>, wake: Arc<Notify>, lease: Duration) {
+async fn work(
+    pipeline: Arc<Pipeline>,
+    wake: Arc<Notify>,
+    lease: Duration,
+    stop: CancellationToken,
+) {
     let store = &pipeline.store;
-    loop {
+    while !stop.is_cancelled() {
         let now = now_ms();
         let lease_until = now + lease.as_millis() as u64;
         match store.durable_claim(&pipeline.node, now, lease_until).await {
@@ -124,7 +175,12 @@ async fn work(pipeline: Arc<Pipeline>, wake: Arc<Notify>, lease: Duration) {
                 wake.notify_one();
                 run(&pipeline, call, lease).await;
             }
-            Ok(None) => wake.notified().await,
+            Ok(None) => {
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = stop.cancelled() => {}
+                }
+            }
             Err(error) => {
                 tracing::warn!(%error, "cannot claim durable calls; trying again");
                 tokio::time::sleep(POLL * 2).await;

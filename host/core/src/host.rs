@@ -42,7 +42,7 @@ pub struct Host {
     /// Applies other nodes' changes while the host lives (a shared store only).
     _follow: Option<sync::Following>,
     /// Run durable calls while the host lives.
-    _workers: durable::Workers,
+    workers: durable::Workers,
 }
 
 impl Host {
@@ -121,14 +121,14 @@ impl Host {
             call_ids,
             durable_wake: durable_wake.clone(),
         });
-        let _workers = durable::start(pipeline.clone(), durable_wake, config.durable);
+        let workers = durable::start(pipeline.clone(), durable_wake, config.durable);
         Ok(Host {
             catalog,
             tenants,
             components,
             pipeline,
             _follow,
-            _workers,
+            workers,
         })
     }
 
@@ -372,6 +372,13 @@ impl Host {
         wait: std::time::Duration,
     ) -> Result<Option<DurableStatus>, StoreError> {
         self.pipeline.durable(tenant, id, wait).await
+    }
+
+    /// Stops taking durable calls and waits up to `grace` for those this node is running to
+    /// end; whether they all did. Call before stopping a node (`toolhost serve` does on
+    /// SIGTERM), so that a rolling restart leaves no call to its lease.
+    pub async fn drain(&self, grace: std::time::Duration) -> bool {
+        self.workers.drain(grace).await
     }
 
     /// Runs a call that waits for approval (see [`CallError::ApprovalRequired`]) and returns
