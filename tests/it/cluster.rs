@@ -340,3 +340,43 @@ fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
     );
     nodes.into_iter().for_each(Server::stop);
 }
+
+#[test]
+fn a_tenants_rate_limit_holds_across_nodes() {
+    let db = Database::fresh();
+    let dir = tempfile::tempdir().unwrap();
+    // 6 calls at once, then one a minute: the test ends long before another is due.
+    let policy = r#"{"calls_per_minute": 1, "burst": 6}"#;
+    let key = db.tenant(dir.path(), "acme", policy, "admin");
+    let (a, b) = (node(&db, dir.path(), "a"), node(&db, dir.path(), "b"));
+    // Each node counts the nodes alive within a heartbeat (5 s) of the other's start.
+    for node in [&a, &b] {
+        let counted = || http(node.addr, "GET", "/metrics", &key, b"").1;
+        within(Duration::from_secs(7), "both nodes count two", || {
+            counted().contains("toolhost_cluster_nodes 2")
+        });
+    }
+    let component = std::fs::read(plugin_file("probe")).unwrap();
+    let (status, body) = http(a.addr, "POST", "/v1/tools", &key, &component);
+    assert!(status == 200 || status == 201, "{status} {body}");
+    within(Duration::from_secs(1), "installed on b", || {
+        http(b.addr, "GET", "/v1/tools/nap", &key, b"").0 == 200
+    });
+    let mut admitted = 0;
+    for i in 0..20 {
+        let node = if i % 2 == 0 { &a } else { &b };
+        let (_, body) = call_status(node, &key, "nap", r#"{"ms": 1}"#);
+        let outcome: serde_json::Value = serde_json::from_str(&body).unwrap();
+        match outcome["error"]["code"].as_str() {
+            None => admitted += 1,
+            Some("rate_limited") => {}
+            Some(other) => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(
+        admitted, 6,
+        "the burst of 6 holds across both nodes, not 6 on each"
+    );
+    a.stop();
+    b.stop();
+}

@@ -395,17 +395,21 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     // A node of a cluster keeps its compiled artifacts on its own disk.
     let artifact_dir = (cli.artifact_dir.clone())
         .or_else(|| database.as_ref().map(|_| data_dir.join("artifacts")));
-    // Only a server runs durable calls: a one-shot command would leave them to their leases.
+    // Only a server is a node: it runs durable calls (a one-shot command would leave them to
+    // their leases) and takes a share of each tenant's limits.
+    let serves = matches!(cli.command, Command::Serve { .. });
     let durable = toolhost::DurableConfig {
-        workers: match cli.command {
-            Command::Serve { .. } => toolhost::DurableConfig::default().workers,
-            _ => 0,
+        workers: if serves {
+            toolhost::DurableConfig::default().workers
+        } else {
+            0
         },
         ..Default::default()
     };
     let host = Host::open(HostConfig {
         data_dir: Some(data_dir.clone()),
         database,
+        serves,
         durable,
         js_runtime,
         egress: toolhost::egress::EgressConfig {

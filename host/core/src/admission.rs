@@ -69,11 +69,24 @@ pub struct Refused {
     pub retry_after_ms: Option<u64>,
 }
 
-/// Per-tenant rate buckets and running-call counts.
-#[derive(Default)]
+/// Per-tenant rate buckets and running-call counts. On a cluster each node admits its share
+/// of a tenant's limits: the limit divided by the nodes alive (concurrency rounded up), so
+/// that calls spread by a balancer stay within the limit across the cluster.
 pub struct Admission {
     buckets: Mutex<HashMap<String, Bucket>>,
     running: Mutex<HashMap<String, Arc<AtomicU32>>>,
+    /// Nodes sharing the limits, this one included.
+    nodes: AtomicU32,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission {
+            buckets: Mutex::default(),
+            running: Mutex::default(),
+            nodes: AtomicU32::new(1),
+        }
+    }
 }
 
 struct Bucket {
@@ -93,14 +106,27 @@ impl Drop for Permit {
 }
 
 impl Admission {
+    /// How many nodes share the limits from now on (at least 1).
+    pub fn set_nodes(&self, nodes: u32) {
+        self.nodes.store(nodes.max(1), Ordering::Relaxed);
+    }
+
+    /// The nodes sharing the limits.
+    pub fn nodes(&self) -> u32 {
+        self.nodes.load(Ordering::Relaxed)
+    }
+
     /// Takes a token and a slot for one call of `tenant`, or says which limit refused it.
     pub fn admit(&self, tenant: &str, policy: &TenantPolicy) -> Result<Permit, Refused> {
+        let nodes = self.nodes();
         if let Some(per_minute) = policy.calls_per_minute {
-            self.take_token(tenant, per_minute, policy.burst.unwrap_or(per_minute))?;
+            let burst = policy.burst.unwrap_or(per_minute);
+            self.take_token(tenant, per_minute, burst, nodes)?;
         }
-        let Some(max) = policy.max_concurrent else {
+        let Some(limit) = policy.max_concurrent else {
             return Ok(Permit(None));
         };
+        let max = limit.div_ceil(nodes);
         let running = {
             let mut all = self.running.lock().unwrap_or_else(|p| p.into_inner());
             all.entry(tenant.to_owned()).or_default().clone()
@@ -112,22 +138,37 @@ impl Admission {
             Ok(_) => Ok(Permit(Some(running))),
             Err(_) => Err(Refused {
                 limit: "max_concurrent",
-                message: format!("tenant already has {max} calls running (max_concurrent)"),
+                message: match nodes {
+                    1 => format!("tenant already has {max} calls running (max_concurrent)"),
+                    _ => format!(
+                        "tenant already has {max} calls running on this node, its share of \
+                         max_concurrent {limit} across {nodes} nodes"
+                    ),
+                },
                 retry_after_ms: None,
             }),
         }
     }
 
-    fn take_token(&self, tenant: &str, per_minute: u32, burst: u32) -> Result<(), Refused> {
+    /// A token from the tenant's bucket: this node's share, `1/nodes`, of its rate and burst.
+    fn take_token(
+        &self,
+        tenant: &str,
+        per_minute: u32,
+        burst: u32,
+        nodes: u32,
+    ) -> Result<(), Refused> {
         let now = Instant::now();
-        let per_ms = f64::from(per_minute) / 60_000.0;
+        let share = f64::from(nodes);
+        let per_ms = f64::from(per_minute) / 60_000.0 / share;
+        let burst_share = (f64::from(burst) / share).max(1.0);
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         let bucket = buckets.entry(tenant.to_owned()).or_insert(Bucket {
-            tokens: f64::from(burst),
+            tokens: burst_share,
             refilled: now,
         });
         let elapsed_ms = now.duration_since(bucket.refilled).as_secs_f64() * 1e3;
-        bucket.tokens = (bucket.tokens + elapsed_ms * per_ms).min(f64::from(burst));
+        bucket.tokens = (bucket.tokens + elapsed_ms * per_ms).min(burst_share);
         bucket.refilled = now;
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;
@@ -136,9 +177,15 @@ impl Admission {
         let wait_ms = ((1.0 - bucket.tokens) / per_ms).ceil() as u64;
         Err(Refused {
             limit: "calls_per_minute",
-            message: format!(
-                "tenant is over its rate of {per_minute} calls per minute (calls_per_minute); retry in {wait_ms} ms"
-            ),
+            message: match nodes {
+                1 => format!(
+                    "tenant is over its rate of {per_minute} calls per minute (calls_per_minute); retry in {wait_ms} ms"
+                ),
+                _ => format!(
+                    "tenant is over this node's share of its rate of {per_minute} calls per \
+                     minute across {nodes} nodes (calls_per_minute); retry in {wait_ms} ms"
+                ),
+            },
             retry_after_ms: Some(wait_ms),
         })
     }

@@ -31,6 +31,10 @@ pub struct HostConfig {
     /// keys, policies, configuration, data and held calls live there instead of `data_dir`.
     #[cfg(feature = "postgres")]
     pub database: Option<PgOptions>,
+    /// Whether this host serves calls as a node of its cluster (on a shared database): it
+    /// says so every few seconds, so that it counts in the share of each tenant's limits.
+    /// False for a process that only manages the store (the CLI's one-shot commands).
+    pub serves: bool,
     /// Durable calls (`Host::submit`): workers on this node, and their lease.
     pub durable: DurableConfig,
     /// How often a host on a shared database reads everything again, in case it missed
@@ -72,6 +76,7 @@ impl Default for HostConfig {
             #[cfg(feature = "postgres")]
             database: None,
             resync_interval: Duration::from_secs(30),
+            serves: true,
             durable: DurableConfig::default(),
             sandbox: SandboxConfig::default(),
             max_loaded_components: 256,

@@ -43,6 +43,8 @@ pub struct Host {
     _follow: Option<sync::Following>,
     /// Run durable calls while the host lives.
     workers: durable::Workers,
+    /// Tells the other nodes this one is alive (a shared store only), until it drains.
+    heartbeat: std::sync::Mutex<Option<sync::Following>>,
 }
 
 impl Host {
@@ -121,6 +123,8 @@ impl Host {
             call_ids,
             durable_wake: durable_wake.clone(),
         });
+        let heartbeat =
+            (_follow.is_some() && config.serves).then(|| sync::heartbeat(pipeline.clone()));
         let workers = durable::start(pipeline.clone(), durable_wake, config.durable);
         Ok(Host {
             catalog,
@@ -129,6 +133,7 @@ impl Host {
             pipeline,
             _follow,
             workers,
+            heartbeat: std::sync::Mutex::new(heartbeat),
         })
     }
 
@@ -378,7 +383,18 @@ impl Host {
     /// end; whether they all did. Call before stopping a node (`toolhost serve` does on
     /// SIGTERM), so that a rolling restart leaves no call to its lease.
     pub async fn drain(&self, grace: std::time::Duration) -> bool {
-        self.workers.drain(grace).await
+        let drained = self.workers.drain(grace).await;
+        drop(
+            self.heartbeat
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        // The other nodes take up this one's share of the limits now, not at its TTL.
+        if let Err(error) = self.pipeline.store.depart(&self.pipeline.node).await {
+            tracing::warn!(%error, "departure not recorded");
+        }
+        drained
     }
 
     /// Runs a call that waits for approval (see [`CallError::ApprovalRequired`]) and returns

@@ -47,6 +47,7 @@ pub struct Metrics {
     retries: Counter,
     instances_live: Gauge,
     storage_up: Gauge,
+    cluster_nodes: Gauge,
     component_loads: Family<Source, Counter>,
     registry: Registry,
 }
@@ -59,6 +60,7 @@ impl Default for Metrics {
             retries: Counter::default(),
             instances_live: Gauge::default(),
             storage_up: Gauge::default(),
+            cluster_nodes: Gauge::default(),
             component_loads: Family::default(),
             registry: Registry::default(),
         };
@@ -70,6 +72,7 @@ impl Default for Metrics {
                 .inc_by(0);
         }
         metrics.storage_up.set(1);
+        metrics.cluster_nodes.set(1);
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         metrics.registry = registry;
@@ -111,6 +114,11 @@ impl Metrics {
             self.storage_up.clone(),
         );
         registry.register(
+            "toolhost_cluster_nodes",
+            "Nodes alive on the shared store, this one included, which share each tenant's limits (1 on a store of its own)",
+            self.cluster_nodes.clone(),
+        );
+        registry.register(
             "toolhost_component_loads",
             "Where calls found their compiled component: memory and artifact are compile cache hits",
             self.component_loads.clone(),
@@ -122,6 +130,11 @@ impl Metrics {
         self.calls.get_or_create(&Outcome { outcome }).inc();
         self.duration.observe(duration.as_secs_f64());
         self.retries.inc_by(u64::from(retries));
+    }
+
+    /// Sets `toolhost_cluster_nodes`.
+    pub fn cluster_nodes(&self, nodes: u32) {
+        self.cluster_nodes.set(i64::from(nodes));
     }
 
     /// Sets `toolhost_storage_up`.

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::sync::broadcast::{self, error::RecvError};
-use toolhost_store::Change;
+use toolhost_store::{Change, now_ms};
 
 use crate::approval::Approvals;
 use crate::catalog::Catalog;
+use crate::pipeline::Pipeline;
 use crate::tenants::Tenants;
 
 /// Follows changes until dropped.
@@ -71,4 +72,25 @@ async fn apply(
         }
         Change::Policy { .. } | Change::Config { .. } | Change::Keys => Ok(()),
     }
+}
+
+/// How often a node says it is alive.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// Beats for `pipeline`'s node until dropped, and sets how many nodes share the limits.
+pub(crate) fn heartbeat(pipeline: Arc<Pipeline>) -> Following {
+    Following(tokio::spawn(async move {
+        loop {
+            let beat = pipeline.store.heartbeat(&pipeline.node, now_ms()).await;
+            match beat {
+                Ok(nodes) => {
+                    pipeline.admission.set_nodes(nodes);
+                    pipeline.metrics.cluster_nodes(nodes);
+                }
+                // The last count stands until the store answers again.
+                Err(error) => tracing::warn!(%error, "heartbeat not recorded"),
+            }
+            tokio::time::sleep(HEARTBEAT).await;
+        }
+    }))
 }

@@ -91,3 +91,9 @@ CREATE TABLE durable_calls (
 CREATE INDEX durable_calls_unended ON durable_calls (created_at_ms)
     WHERE status IN ('queued', 'running');
 CREATE INDEX durable_calls_ended ON durable_calls (ended_at_ms) WHERE ended_at_ms IS NOT NULL;
+
+-- Each node's last heartbeat: nodes seen lately share the tenants' rate and concurrency limits.
+CREATE TABLE nodes (
+    node TEXT PRIMARY KEY,
+    last_seen_ms BIGINT NOT NULL
+);

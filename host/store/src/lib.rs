@@ -333,6 +333,18 @@ pub trait Store: Send + Sync {
     /// Forgets the calls that ended before `before_ms`; how many.
     async fn durable_purge(&self, before_ms: u64) -> Result<usize>;
 
+    /// Records that `node` is alive at `now_ms`; how many nodes are (heard from within
+    /// [`NODE_TTL_MS`]), this one included. A store only this process writes is one node.
+    async fn heartbeat(&self, node: &str, now_ms: u64) -> Result<u32> {
+        let _ = (node, now_ms);
+        Ok(1)
+    }
+    /// Forgets `node` (it is stopping), so the others' shares grow at once.
+    async fn depart(&self, node: &str) -> Result<()> {
+        let _ = node;
+        Ok(())
+    }
+
     /// Whether writes reach the disk; if one failed, why. Reads from memory go on either way.
     fn health(&self) -> std::result::Result<(), String> {
         Ok(())
@@ -345,6 +357,9 @@ pub trait Store: Send + Sync {
         None
     }
 }
+
+/// A node not heard from for this long no longer counts as alive (nodes beat every 5 s).
+pub const NODE_TTL_MS: u64 = 15_000;
 
 /// A call submitted to run later, on whichever node claims it, and what became of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

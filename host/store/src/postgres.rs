@@ -985,6 +985,41 @@ impl Store for PgStore {
         Ok(purged.rows_affected() as usize)
     }
 
+    async fn heartbeat(&self, node: &str, now_ms: u64) -> Result<u32> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO nodes (node, last_seen_ms) VALUES ($1, $2) \
+             ON CONFLICT (node) DO UPDATE SET last_seen_ms = EXCLUDED.last_seen_ms",
+        )
+        .bind(node)
+        .bind(to_i64(now_ms))
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        // Long gone: no one needs to know of them.
+        sqlx::query("DELETE FROM nodes WHERE last_seen_ms < $1")
+            .bind(to_i64(now_ms.saturating_sub(3_600_000)))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let alive: i64 = sqlx::query_scalar("SELECT count(*) FROM nodes WHERE last_seen_ms >= $1")
+            .bind(to_i64(now_ms.saturating_sub(crate::NODE_TTL_MS)))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        Ok(u32::try_from(alive).unwrap_or(u32::MAX).max(1))
+    }
+
+    async fn depart(&self, node: &str) -> Result<()> {
+        sqlx::query("DELETE FROM nodes WHERE node = $1")
+            .bind(node)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
     fn changes(&self) -> Option<broadcast::Receiver<Change>> {
         Some(self.changes.subscribe())
     }
