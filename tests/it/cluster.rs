@@ -373,8 +373,9 @@ fn a_tenants_rate_limit_holds_across_nodes() {
             Some(other) => panic!("{other}: {body}"),
         }
     }
+    // Installs count against the rate too: node a's took one of its three.
     assert_eq!(
-        admitted, 6,
+        admitted, 5,
         "the burst of 6 holds across both nodes, not 6 on each"
     );
     a.stop();
