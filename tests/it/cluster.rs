@@ -381,3 +381,106 @@ fn a_tenants_rate_limit_holds_across_nodes() {
     a.stop();
     b.stop();
 }
+
+/// A PostgreSQL server of the test's own (`scripts/postgres`), to restart under a node.
+struct PrivateServer {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl PrivateServer {
+    fn start() -> PrivateServer {
+        let dir = tempfile::Builder::new()
+            .prefix("pg")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let out = self::postgres(&["start", dir.path().to_str().unwrap(), &port.to_string()]);
+        PrivateServer {
+            url: String::from_utf8(out).unwrap().trim().to_owned(),
+            dir,
+        }
+    }
+
+    fn restart(&self) {
+        postgres(&["restart", self.dir.path().to_str().unwrap()]);
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        postgres(&["stop", self.dir.path().to_str().unwrap()]);
+    }
+}
+
+fn postgres(args: &[&str]) -> Vec<u8> {
+    let script = crate::plugins::root().join("scripts/postgres");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scripts/postgres {args:?}: {log}");
+    out.stdout
+}
+
+#[test]
+fn a_node_survives_a_database_restart() {
+    let server = PrivateServer::start();
+    let db = Database {
+        url: server.url.clone(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key = db.tenant(dir.path(), "acme", "{}", "admin");
+    let a = node(&db, dir.path(), "a");
+    let component = std::fs::read(plugin_file("probe")).unwrap();
+    let (status, body) = http(a.addr, "POST", "/v1/tools", &key, &component);
+    assert!(status == 200 || status == 201, "{status} {body}");
+    let path = "/v1/tools/nap/call?mode=async";
+    let (status, body) = http(
+        a.addr,
+        "POST",
+        path,
+        &key,
+        br#"{"arguments": {"ms": 2000}}"#,
+    );
+    assert_eq!(status, 202, "{body}");
+    let running: serde_json::Value = serde_json::from_str(&body).unwrap();
+
+    // Every connection of the node's pool and its listener is cut.
+    server.restart();
+    // A call that needs the database fails cleanly, or succeeds once the pool reconnects.
+    let (status, body) = call_status(&a, &key, "count", r#"{"key": "k"}"#);
+    assert_eq!(status, 200, "{body}");
+    let outcome: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        outcome["ok"] == true || outcome["error"]["code"] == "tool_error",
+        "{body}"
+    );
+    within(Duration::from_secs(10), "the node writes again", || {
+        let (_, body) = call_status(&a, &key, "count", r#"{"key": "after"}"#);
+        body.contains(r#""ok":true"#)
+    });
+    // The call that was running when the database went away ends, with its outcome.
+    let path = format!("/v1/calls/{}?wait=30", running["call_id"].as_str().unwrap());
+    let (status, body) = http(a.addr, "GET", &path, &key, b"");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""status":"done""#), "{body}");
+    // And other nodes' changes reach it again: its listener reconnected.
+    let (code, out, _) = db.cli(
+        &dir.path().join("operator"),
+        &["--tenant", "acme", "remove", "nap"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    within(
+        Duration::from_secs(2),
+        "the removal reaches the node",
+        || call_status(&a, &key, "nap", r#"{"ms": 1}"#).0 == 404,
+    );
+    a.stop();
+}
