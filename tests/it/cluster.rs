@@ -83,7 +83,7 @@ pub fn node(db: &Database, dir: &Path, name: &str) -> Server {
 }
 
 /// Polls `done` until it holds; how long that took, or a panic naming `what` after `limit`.
-fn within(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+pub fn within(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
     while !done() {
         assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
@@ -383,13 +383,13 @@ fn a_tenants_rate_limit_holds_across_nodes() {
 }
 
 /// A PostgreSQL server of the test's own (`scripts/postgres`), to restart under a node.
-struct PrivateServer {
+pub struct PrivateServer {
     dir: tempfile::TempDir,
-    url: String,
+    pub url: String,
 }
 
 impl PrivateServer {
-    fn start() -> PrivateServer {
+    pub fn start() -> PrivateServer {
         let dir = tempfile::Builder::new()
             .prefix("pg")
             .tempdir_in("/tmp")
@@ -406,7 +406,7 @@ impl PrivateServer {
         }
     }
 
-    fn restart(&self) {
+    pub fn restart(&self) {
         postgres(&["restart", self.dir.path().to_str().unwrap()]);
     }
 }

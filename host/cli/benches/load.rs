@@ -12,6 +12,7 @@
 //! the server's RSS and open descriptors at the phase's end.
 
 #[path = "support/client.rs"]
+#[allow(dead_code)] // GET is the cluster bench's
 mod client;
 #[path = "../../../tests/it/plugins.rs"]
 #[allow(dead_code)] // not every user of the helpers needs all of them

@@ -8,6 +8,7 @@
 //! peer an MCP call is held to. Printed: p50 and p99 of each, and call − ping per transport.
 
 #[path = "support/client.rs"]
+#[allow(dead_code)] // GET is the cluster bench's
 mod client;
 #[path = "../../../tests/it/plugins.rs"]
 #[allow(dead_code)] // not every user of the helpers needs all of them

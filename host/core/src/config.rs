@@ -10,8 +10,6 @@ use toolhost_spec::policy::TenantPolicy;
 use toolhost_store::PgOptions;
 use toolhost_store::SecretsKey;
 
-use crate::durable::DurableConfig;
-
 /// The largest JavaScript source `install_js` accepts, in bytes.
 pub const MAX_JS_SOURCE_BYTES: usize = 1 << 20;
 /// How deep `call-tool` calls may nest below a direct call.
@@ -88,6 +86,26 @@ impl Default for HostConfig {
             egress: EgressConfig::default(),
             files_dir: None,
             js_runtime: None,
+        }
+    }
+}
+
+/// How a host runs durable calls.
+#[derive(Debug, Clone)]
+pub struct DurableConfig {
+    /// Calls this node runs at once. Each still passes its tenant's admission and share. 0
+    /// for a process that only submits and reads calls (the CLI's one-shot commands).
+    pub workers: usize,
+    /// How long a claim holds without renewal: a dead node's calls are taken up this long
+    /// after its last renewal. Renewed every third of it.
+    pub lease: Duration,
+}
+
+impl Default for DurableConfig {
+    fn default() -> Self {
+        DurableConfig {
+            workers: 8,
+            lease: Duration::from_secs(5),
         }
     }
 }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use toolhost_spec::call::{CallError, Caller};
 use toolhost_store::{DurableCall, DurableState, StoreError, now_ms};
 
+use crate::config::DurableConfig;
 use crate::pipeline::{Budget, Pipeline};
 
 /// Durable calls of one tenant not yet ended; past this, a submission is `rate_limited`.
@@ -22,26 +23,6 @@ const KEEP_ENDED: Duration = Duration::from_secs(24 * 3600);
 /// Idle workers look for work this often even unwoken: another node's lease may run out,
 /// and a notice from another node may be missed.
 const POLL: Duration = Duration::from_millis(500);
-
-/// How a host runs durable calls.
-#[derive(Debug, Clone)]
-pub struct DurableConfig {
-    /// Calls this node runs at once. Each still passes its tenant's admission and share. 0
-    /// for a process that only submits and reads calls (the CLI's one-shot commands).
-    pub workers: usize,
-    /// How long a claim holds without renewal: a dead node's calls are taken up this long
-    /// after its last renewal. Renewed every third of it.
-    pub lease: Duration,
-}
-
-impl Default for DurableConfig {
-    fn default() -> Self {
-        DurableConfig {
-            workers: 8,
-            lease: Duration::from_secs(5),
-        }
-    }
-}
 
 /// A durable call as its caller sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,7 +110,8 @@ impl Drop for Workers {
 }
 
 /// Starts `config.workers` workers for `pipeline`, woken by `wake` when a call is submitted.
-pub(crate) fn start(pipeline: Arc<Pipeline>, wake: Arc<Notify>, config: DurableConfig) -> Workers {
+pub(crate) fn start(pipeline: Arc<Pipeline>, config: DurableConfig) -> Workers {
+    let wake = pipeline.durable_wakes.submitted.clone();
     let stop = CancellationToken::new();
     let mut tasks: Vec<_> = (0..config.workers)
         .map(|_| {
@@ -222,7 +204,10 @@ async fn run(pipeline: &Pipeline, call: DurableCall, lease: Duration) {
     // A failing store gets until the lease ends; then the call is another node's to decide.
     for _ in 0..3 {
         match store.durable_finish(&call.id, node, &outcome).await {
-            Ok(_) => return,
+            Ok(_) => {
+                pipeline.durable_wakes.ended.notify_waiters();
+                return;
+            }
             Err(error) => {
                 tracing::warn!(%error, call = call.id, "outcome not recorded; retrying");
                 tokio::time::sleep(lease / 4).await;
@@ -289,7 +274,7 @@ impl Pipeline {
             state: DurableState::Queued,
         };
         self.store.durable_put(&call).await.map_err(unavailable)?;
-        self.durable_wake.notify_one();
+        self.durable_wakes.submitted.notify_one();
         Ok(call.id)
     }
 
@@ -302,6 +287,8 @@ impl Pipeline {
     ) -> Result<Option<DurableStatus>, StoreError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
+            // Registered before the read, so an end between the two is not missed.
+            let ended = self.durable_wakes.ended.notified();
             let call = self.store.durable_get(id).await?;
             // Another tenant's call is as absent as one that never was.
             let Some(call) = call.filter(|call| call.caller.tenant == tenant) else {
@@ -311,7 +298,12 @@ impl Pipeline {
             if status.ended() || tokio::time::Instant::now() >= deadline {
                 return Ok(Some(status));
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Woken when a call ends on this node or another; a missed notice costs 100 ms.
+            let next = tokio::time::Instant::now() + Duration::from_millis(100);
+            tokio::select! {
+                () = ended => {}
+                () = tokio::time::sleep_until(next.min(deadline)) => {}
+            }
         }
     }
 }

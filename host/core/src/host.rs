@@ -99,14 +99,11 @@ impl Host {
             metrics.clone(),
         );
         let approvals = Arc::new(Approvals::load(store.clone()).await?);
-        let durable_wake = Arc::new(tokio::sync::Notify::new());
+        let durable_wakes = sync::DurableWakes::default();
         let _follow = store.changes().map(|changes| {
             let cached = (catalog.clone(), tenants.clone(), approvals.clone());
-            sync::follow(
-                changes,
-                (cached, durable_wake.clone()),
-                config.resync_interval,
-            )
+            let wakes = durable_wakes.clone();
+            sync::follow(changes, (cached, wakes), config.resync_interval)
         });
         let call_ids = crate::pipeline::CallIds::default();
         let pipeline = Arc::new(Pipeline {
@@ -121,11 +118,11 @@ impl Host {
             metrics,
             node: call_ids.node(),
             call_ids,
-            durable_wake: durable_wake.clone(),
+            durable_wakes,
         });
         let heartbeat =
             (_follow.is_some() && config.serves).then(|| sync::heartbeat(pipeline.clone()));
-        let workers = durable::start(pipeline.clone(), durable_wake, config.durable);
+        let workers = durable::start(pipeline.clone(), config.durable);
         Ok(Host {
             catalog,
             tenants,

@@ -76,8 +76,8 @@ pub(crate) struct Pipeline {
     pub call_ids: CallIds,
     /// This node's name in the leases of the durable calls it runs.
     pub node: String,
-    /// Wakes this node's durable-call workers: a call was submitted.
-    pub durable_wake: Arc<tokio::sync::Notify>,
+    /// Wakes this node's durable-call workers (a call was submitted) and readers (one ended).
+    pub durable_wakes: crate::sync::DurableWakes,
 }
 
 impl Pipeline {

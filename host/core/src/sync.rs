@@ -25,8 +25,16 @@ impl Drop for Following {
     }
 }
 
-/// What a node caches of the shared store, and what wakes its durable-call workers.
-pub(crate) type Cached = ((Arc<Catalog>, Arc<Tenants>, Arc<Approvals>), Arc<Notify>);
+/// What a node caches of the shared store, and what wakes its durable-call workers and
+/// the readers waiting for a durable call to end.
+pub(crate) type Cached = ((Arc<Catalog>, Arc<Tenants>, Arc<Approvals>), DurableWakes);
+
+/// Woken when a durable call is submitted (one worker) and when one ends (every reader).
+#[derive(Clone, Default)]
+pub(crate) struct DurableWakes {
+    pub submitted: Arc<Notify>,
+    pub ended: Arc<Notify>,
+}
 
 /// Applies `changes` as they come, and everything again every `resync`.
 pub(crate) fn follow(
@@ -55,13 +63,17 @@ pub(crate) fn follow(
 }
 
 async fn apply(
-    ((catalog, tenants, approvals), durable_wake): &Cached,
+    ((catalog, tenants, approvals), wakes): &Cached,
     change: &Change,
 ) -> Result<(), toolhost_store::StoreError> {
     tenants.forget(change);
     match change {
         Change::Calls => {
-            durable_wake.notify_one();
+            wakes.submitted.notify_one();
+            Ok(())
+        }
+        Change::CallEnded => {
+            wakes.ended.notify_waiters();
             Ok(())
         }
         Change::Tools { tenant } => catalog.reload(tenant).await,

@@ -178,7 +178,11 @@ impl Tenants {
                 self.lock_policies().clear();
                 self.keys.clear();
             }
-            Change::Tools { .. } | Change::Config { .. } | Change::HeldCalls | Change::Calls => {}
+            Change::Tools { .. }
+            | Change::Config { .. }
+            | Change::HeldCalls
+            | Change::Calls
+            | Change::CallEnded => {}
         }
     }
 

@@ -493,6 +493,8 @@ pub enum Change {
     HeldCalls,
     /// A durable call submitted: a node with a free worker may claim it.
     Calls,
+    /// A durable call ended: its waiting readers may look.
+    CallEnded,
     /// Notices may have been missed (the connection that receives them dropped): read
     /// everything again.
     Resync,
@@ -508,6 +510,7 @@ impl Change {
             Change::Keys => "keys".into(),
             Change::HeldCalls => "held_calls".into(),
             Change::Calls => "calls".into(),
+            Change::CallEnded => "call_ended".into(),
             Change::Resync => "resync".into(),
         }
     }
@@ -523,6 +526,7 @@ impl Change {
             "keys" => Change::Keys,
             "held_calls" => Change::HeldCalls,
             "calls" => Change::Calls,
+            "call_ended" => Change::CallEnded,
             "resync" => Change::Resync,
             _ => return None,
         })

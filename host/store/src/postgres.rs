@@ -262,6 +262,9 @@ impl PgStore {
         let mut call: DurableCall = parse("durable call", id, &json)?;
         call.state = next;
         write_durable(&mut tx, &call, false).await?;
+        if call.ended() {
+            self.announce(&mut tx, Change::CallEnded).await?;
+        }
         tx.commit().await.map_err(backend)?;
         Ok(true)
     }

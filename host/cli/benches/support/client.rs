@@ -64,3 +64,26 @@ pub async fn post(
         String::from_utf8_lossy(&body).into_owned(),
     )
 }
+
+/// One GET on a kept-alive connection: status and body.
+pub async fn get(conn: &mut SendRequest<Full<Bytes>>, path: &str, key: &str) -> (u16, String) {
+    let request = hyper::Request::get(path)
+        .header("host", "127.0.0.1")
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    if conn.ready().await.is_err() {
+        return (0, String::new());
+    }
+    let Ok(response) = conn.send_request(request).await else {
+        return (0, String::new());
+    };
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
