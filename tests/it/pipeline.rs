@@ -595,3 +595,60 @@ async fn every_call_emits_one_structured_event() {
     assert_eq!(first["outcome"], "\"ok\"");
     assert_eq!(events[1]["outcome"], "\"not_found\"");
 }
+
+/// On a host of its own (redb), a durable call runs on this host and its outcome is kept; a
+/// call the host left running when it stopped is taken up by its next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_call_runs_on_one_node_and_one_left_running_is_taken_up_at_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || HostConfig {
+        data_dir: Some(dir.path().to_owned()),
+        durable: toolhost::DurableConfig {
+            workers: 2,
+            lease: Duration::from_millis(300),
+        },
+        ..crate::plugins::config()
+    };
+    let acme = Caller::tenant("acme");
+    let left_running;
+    {
+        let host = Host::open(config()).await.unwrap();
+        host.install("acme", crate::plugins::plugin("probe"))
+            .await
+            .unwrap();
+        let missing = host.submit(&acme, "nothing", json!({})).await;
+        assert!(
+            matches!(missing, Err(CallError::NotFound { .. })),
+            "{missing:?}"
+        );
+        let id = host.submit(&acme, "nap", json!({"ms": 10})).await.unwrap();
+        let wait = Duration::from_secs(10);
+        let done = host.durable_call("acme", &id, wait).await.unwrap().unwrap();
+        assert_eq!(done.status, "done");
+        assert_eq!(done.outcome.unwrap()["result"], "rested");
+        assert_eq!(
+            host.durable_call("globex", &id, wait).await.unwrap(),
+            None,
+            "its own tenant's only"
+        );
+        left_running = host
+            .submit(&acme, "nap_idempotent", json!({"ms": 1500}))
+            .await
+            .unwrap();
+        let started = host.durable_call("acme", &left_running, Duration::from_millis(200));
+        assert_eq!(started.await.unwrap().unwrap().status, "running");
+        // Stopped mid-call without a grace, as by a crash: the call is left to its lease.
+        assert!(!host.drain(Duration::ZERO).await);
+    }
+    let host = Host::open(config()).await.unwrap();
+    let status = host
+        .durable_call("acme", &left_running, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.status, "done", "{status:?}");
+    assert_eq!(
+        status.attempts, 2,
+        "run again by the next start: {status:?}"
+    );
+}

@@ -1183,6 +1183,7 @@ async fn every_keyed_route_checks_the_role_it_needs() {
         (("GET", "/v1/tools/{name}/versions"), Access::Manage),
         (("POST", "/v1/tools/{name}/rollback"), Access::Manage),
         (("POST", "/v1/tools/{name}/call"), Access::Call),
+        (("GET", "/v1/calls/{call_id}"), Access::Call),
         (("GET", "/v1/export"), Access::Read),
         (("GET", "/v1/policy"), Access::Manage),
         (("GET", "/v1/usage"), Access::Manage),

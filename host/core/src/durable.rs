@@ -4,7 +4,7 @@
 //! (up to its `retry_count_on_stall`, at least once) or ends any other `node_lost`: a call
 //! that may have taken effect never runs twice unasked.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -20,8 +20,8 @@ use crate::pipeline::{Budget, Pipeline};
 pub const MAX_UNENDED_PER_TENANT: usize = 1000;
 /// Ended calls are kept this long for their callers to read, then forgotten.
 const KEEP_ENDED: Duration = Duration::from_secs(24 * 3600);
-/// Idle workers look for work this often even unwoken: another node's lease may run out,
-/// and a notice from another node may be missed.
+/// On a shared store, idle workers look for work this often even unwoken: another node's
+/// lease may run out, and a notice from another node may be missed.
 const POLL: Duration = Duration::from_millis(500);
 
 /// A durable call as its caller sees it.
@@ -81,24 +81,27 @@ pub(crate) struct Workers {
 
 impl Workers {
     /// Stops claiming calls and waits up to `grace` for the running ones to end; whether they
-    /// all did. Those still running are then stopped, left to their leases.
+    /// all did. Those still running are then stopped, left to their leases; when this returns,
+    /// no worker holds any part of the host.
     pub async fn drain(&self, grace: Duration) -> bool {
         self.stop.cancel();
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
-        let aborts: Vec<_> = tasks.iter().map(|task| task.abort_handle()).collect();
-        let ended = tokio::time::timeout(grace, futures_join_all(tasks))
-            .await
-            .is_ok();
-        aborts.iter().for_each(tokio::task::AbortHandle::abort);
+        let mut running =
+            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        let deadline = tokio::time::Instant::now() + grace;
+        while let Some(task) = running.first_mut() {
+            // A worker's call runs in the pipeline, which turns every fault into an outcome.
+            match tokio::time::timeout_at(deadline, task).await {
+                Ok(_) => drop(running.remove(0)),
+                Err(_) => break,
+            }
+        }
+        let ended = running.is_empty();
+        running.iter().for_each(tokio::task::JoinHandle::abort);
+        for task in running {
+            // An aborted task ends at its next await.
+            let _ = task.await;
+        }
         ended
-    }
-}
-
-/// Waits for every task (none of which panics: a worker's call runs in the pipeline, which
-/// turns every fault into an outcome).
-async fn futures_join_all(tasks: Vec<tokio::task::JoinHandle<()>>) {
-    for task in tasks {
-        let _ = task.await;
     }
 }
 
@@ -113,24 +116,35 @@ impl Drop for Workers {
 pub(crate) fn start(pipeline: Arc<Pipeline>, config: DurableConfig) -> Workers {
     let wake = pipeline.durable_wakes.submitted.clone();
     let stop = CancellationToken::new();
+    // Workers hold the pipeline only while they claim and run: an idle one keeps no part of
+    // the host alive, so dropping the host closes its store at once.
+    let weak = Arc::downgrade(&pipeline);
     let mut tasks: Vec<_> = (0..config.workers)
         .map(|_| {
-            let (pipeline, wake, stop) = (pipeline.clone(), wake.clone(), stop.clone());
-            tokio::spawn(work(pipeline, wake, config.lease, stop))
+            let (weak, wake, stop) = (weak.clone(), wake.clone(), stop.clone());
+            tokio::spawn(work(weak, wake, config.lease, stop))
         })
         .collect();
     if config.workers > 0 {
-        let stopped = stop.clone();
+        // Idle workers look again: on a shared store, often (another node's lease may run
+        // out, a notice may be missed); on a store of its own, once a lease after start,
+        // for the calls a previous run of this host left running.
+        let shared = pipeline.store.changes().is_some();
+        let (stopped, lease) = (stop.clone(), config.lease);
         tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(if shared { POLL } else { lease + POLL }).await;
             while !stopped.is_cancelled() {
-                tokio::time::sleep(POLL).await;
                 wake.notify_one();
+                if !shared {
+                    return;
+                }
+                tokio::time::sleep(POLL).await;
             }
         }));
         let stopped = stop.clone();
         tasks.push(tokio::spawn(async move {
             tokio::select! {
-                () = purge(pipeline) => {}
+                () = purge(weak) => {}
                 () = stopped.cancelled() => {}
             }
         }));
@@ -142,28 +156,41 @@ pub(crate) fn start(pipeline: Arc<Pipeline>, config: DurableConfig) -> Workers {
 }
 
 async fn work(
-    pipeline: Arc<Pipeline>,
+    pipeline: Weak<Pipeline>,
     wake: Arc<Notify>,
     lease: Duration,
     stop: CancellationToken,
 ) {
-    let store = &pipeline.store;
+    // Nothing to do until a call is submitted or the poll says to look.
+    tokio::select! {
+        () = wake.notified() => {}
+        () = stop.cancelled() => return,
+    }
     while !stop.is_cancelled() {
+        let Some(pipeline) = pipeline.upgrade() else {
+            return;
+        };
         let now = now_ms();
         let lease_until = now + lease.as_millis() as u64;
-        match store.durable_claim(&pipeline.node, now, lease_until).await {
+        match pipeline
+            .store
+            .durable_claim(&pipeline.node, now, lease_until)
+            .await
+        {
             Ok(Some(call)) => {
                 // There may be more: another idle worker looks too.
                 wake.notify_one();
                 run(&pipeline, call, lease).await;
             }
             Ok(None) => {
+                drop(pipeline);
                 tokio::select! {
                     () = wake.notified() => {}
                     () = stop.cancelled() => {}
                 }
             }
             Err(error) => {
+                drop(pipeline);
                 tracing::warn!(%error, "cannot claim durable calls; trying again");
                 tokio::time::sleep(POLL * 2).await;
             }
@@ -216,14 +243,17 @@ async fn run(pipeline: &Pipeline, call: DurableCall, lease: Duration) {
     }
 }
 
-/// Forgets ended calls past [`KEEP_ENDED`], every few minutes.
-async fn purge(pipeline: Arc<Pipeline>) {
+/// Forgets ended calls past [`KEEP_ENDED`], every ten minutes.
+async fn purge(pipeline: Weak<Pipeline>) {
     loop {
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        let Some(pipeline) = pipeline.upgrade() else {
+            return;
+        };
         let before = now_ms().saturating_sub(KEEP_ENDED.as_millis() as u64);
         if let Err(error) = pipeline.store.durable_purge(before).await {
             tracing::warn!(%error, "ended durable calls not purged");
         }
-        tokio::time::sleep(Duration::from_secs(600)).await;
     }
 }
 

@@ -120,8 +120,7 @@ impl Host {
             call_ids,
             durable_wakes,
         });
-        let heartbeat =
-            (_follow.is_some() && config.serves).then(|| sync::heartbeat(pipeline.clone()));
+        let heartbeat = (_follow.is_some() && config.serves).then(|| sync::heartbeat(&pipeline));
         let workers = durable::start(pipeline.clone(), config.durable);
         Ok(Host {
             catalog,

@@ -9,7 +9,7 @@
 //! # async fn demo(wasm: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
 //! use toolhost::{Caller, Host, HostConfig};
 //!
-//! let host = Host::open(HostConfig::default())?;
+//! let host = Host::open(HostConfig::default()).await?;
 //! host.install("acme", wasm).await?;
 //! let outcome = host
 //!     .call(&Caller::tenant("acme"), "text_stats", serde_json::json!({"text": "hi there"}))

@@ -90,9 +90,10 @@ async fn apply(
 const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// Beats for `pipeline`'s node until dropped, and sets how many nodes share the limits.
-pub(crate) fn heartbeat(pipeline: Arc<Pipeline>) -> Following {
+pub(crate) fn heartbeat(pipeline: &Arc<Pipeline>) -> Following {
+    let pipeline = Arc::downgrade(pipeline);
     Following(tokio::spawn(async move {
-        loop {
+        while let Some(pipeline) = pipeline.upgrade() {
             let beat = pipeline.store.heartbeat(&pipeline.node, now_ms()).await;
             match beat {
                 Ok(nodes) => {
@@ -102,6 +103,7 @@ pub(crate) fn heartbeat(pipeline: Arc<Pipeline>) -> Following {
                 // The last count stands until the store answers again.
                 Err(error) => tracing::warn!(%error, "heartbeat not recorded"),
             }
+            drop(pipeline);
             tokio::time::sleep(HEARTBEAT).await;
         }
     }))
