@@ -484,3 +484,86 @@ fn a_node_survives_a_database_restart() {
     );
     a.stop();
 }
+
+/// One MCP POST to `addr`: status, the `Mcp-Session-Id` answered, and the body.
+fn mcp_post(
+    addr: std::net::SocketAddr,
+    key: &str,
+    session: Option<&str>,
+    message: serde_json::Value,
+) -> (u16, Option<String>, String) {
+    use std::io::{Read, Write};
+    let body = message.to_string();
+    let session = session.map_or(String::new(), |id| format!("Mcp-Session-Id: {id}\r\n"));
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         MCP-Protocol-Version: 2025-06-18\r\n{session}Content-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let session = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("mcp-session-id")
+            .then(|| value.trim().to_owned())
+    });
+    (status, session, body.to_owned())
+}
+
+#[test]
+fn an_mcp_session_opened_on_one_node_goes_on_on_another() {
+    use serde_json::json;
+    let db = Database::fresh();
+    let dir = tempfile::tempdir().unwrap();
+    let key = db.tenant(dir.path(), "acme", "{}", "agent");
+    let (a, b) = (node(&db, dir.path(), "a"), node(&db, dir.path(), "b"));
+    let admin = db.tenant(dir.path(), "acme", "{}", "admin");
+    let component = std::fs::read(plugin_file("text_stats")).unwrap();
+    let (status, body) = http(a.addr, "POST", "/v1/tools", &admin, &component);
+    assert!(status < 300, "{status} {body}");
+
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "cluster-test", "version": "1"}}});
+    let (status, session, body) = mcp_post(a.addr, &key, None, initialize);
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (status, _, body) = mcp_post(a.addr, &key, Some(&session), initialized);
+    assert!(status == 202 || status == 200, "{status} {body}");
+
+    // The balancer sends the next request to node b, which has never seen the session.
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, _, body) = mcp_post(b.addr, &key, Some(&session), list);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("text_stats"), "{body}");
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "text_stats", "arguments": {"text": "one two"}}});
+    let (status, _, body) = mcp_post(b.addr, &key, Some(&session), call);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#"\"words\":2"#) || body.contains(r#""words":2"#),
+        "{body}"
+    );
+
+    // Another tenant's key cannot take the session over, on either node.
+    let globex = db.tenant(dir.path(), "globex", "{}", "agent");
+    let list = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"});
+    let (status, _, body) = mcp_post(b.addr, &globex, Some(&session), list);
+    assert_eq!(status, 404, "{body}");
+    a.stop();
+    b.stop();
+}

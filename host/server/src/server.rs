@@ -37,7 +37,7 @@ use crate::bridges::{Disclosure, DisclosureConfig};
 use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
 use crate::mcp::{McpServer, McpTenant};
-use crate::sessions::{Refused, SessionLimits, Sessions};
+use crate::sessions::{Refused, SessionLimits, Sessions, StoredSessions};
 
 /// Every request but an upload.
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
@@ -59,6 +59,9 @@ struct Mcp {
     disclosure: Arc<Disclosure>,
     config: StreamableHttpServerConfig,
     sessions: Sessions,
+    /// On a store that many nodes share, sessions are kept there too, for any node to
+    /// restore.
+    shared_sessions: bool,
 }
 
 impl Mcp {
@@ -67,12 +70,23 @@ impl Mcp {
         host: &Arc<Host>,
         tenant: &str,
     ) -> StreamableHttpService<McpServer, LocalSessionManager> {
+        let mut config = self.config.clone();
+        if self.shared_sessions {
+            config.session_store = Some(Arc::new(self.stored_sessions(host, tenant)));
+        }
         let (host, disclosure) = (host.clone(), self.disclosure.clone());
         StreamableHttpService::new(
             move || Ok(McpServer::http(host.clone(), disclosure.clone())),
             self.sessions.manager(tenant),
-            self.config.clone(),
+            config,
         )
+    }
+
+    fn stored_sessions(&self, host: &Arc<Host>, tenant: &str) -> StoredSessions {
+        StoredSessions {
+            store: host.store().clone(),
+            tenant: tenant.into(),
+        }
     }
 }
 
@@ -107,6 +121,7 @@ fn router_with_shutdown(
             .with_cancellation_token(stop)
             .with_max_request_body_bytes(MAX_REQUEST_BYTES),
         sessions: Sessions::new(options.mcp_sessions),
+        shared_sessions: host.store().changes().is_some(),
     };
     let app = App {
         host,
@@ -219,9 +234,16 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
                 .map(str::to_owned);
             // `Some(false)`: a session that is not open, or is another tenant's (rmcp answers
             // 404, which tells the client to start a new one).
-            let open = session
+            let mut open = session
                 .as_deref()
                 .map(|id| app.mcp.sessions.seen(&tenant, id));
+            // Opened on another node: adopted here, counted like one opened here.
+            if let (Some(false), Some(id), true) =
+                (open, session.as_deref(), app.mcp.shared_sessions)
+            {
+                let stored = app.mcp.stored_sessions(&app.host, &tenant);
+                open = Some(app.mcp.sessions.adopt(&stored, id).await);
+            }
             if let Some(refusal) = refuse_before_rmcp(&app, &tenant, &parts, open) {
                 return refusal;
             }

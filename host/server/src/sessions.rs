@@ -8,9 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::transport::streamable_http_server::SessionManager;
-use rmcp::transport::streamable_http_server::session::SessionId;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::{
+    SessionId, SessionState, SessionStore, SessionStoreError,
+};
 use tokio::time::Instant;
+use toolhost::Store;
 
 use crate::events::{DEFAULT_EVENT_BYTES, RecentEvents};
 
@@ -191,6 +194,57 @@ impl Drop for Opening<'_> {
             if *n == 0 {
                 open.opening_by_tenant.remove(&self.tenant);
             }
+        }
+    }
+}
+
+/// One tenant's MCP sessions in the host's shared store, as rmcp's session store: a node
+/// that does not hold a session restores it from its `initialize` parameters, so a client's
+/// requests may reach any node. Another tenant's session is as absent as one never opened.
+pub(crate) struct StoredSessions {
+    pub store: Arc<dyn Store>,
+    pub tenant: Arc<str>,
+}
+
+#[async_trait::async_trait]
+impl SessionStore for StoredSessions {
+    async fn load(&self, id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        match self.store.mcp_session(id).await? {
+            Some((tenant, state)) if *tenant == *self.tenant => {
+                Ok(Some(serde_json::from_str(&state)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn store(&self, id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        let state = serde_json::to_string(state)?;
+        let now = toolhost::store::now_ms();
+        Ok(self
+            .store
+            .put_mcp_session(id, &self.tenant, &state, now)
+            .await?)
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), SessionStoreError> {
+        Ok(self.store.remove_mcp_session(id).await?)
+    }
+}
+
+impl Sessions {
+    /// Takes a session that another node opened (it is in `stored`) into this node's count,
+    /// under the same caps as a new one; whether it is the tenant's and fits.
+    pub(crate) async fn adopt(&self, stored: &StoredSessions, id: &str) -> bool {
+        let known = stored.load(id).await.ok().flatten().is_some();
+        if !known {
+            return false;
+        }
+        match self.admit(&stored.tenant).await {
+            Ok(opening) => {
+                opening.opened(id);
+                true
+            }
+            Err(_) => false,
         }
     }
 }

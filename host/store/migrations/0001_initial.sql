@@ -97,3 +97,13 @@ CREATE TABLE nodes (
     node TEXT PRIMARY KEY,
     last_seen_ms BIGINT NOT NULL
 );
+
+-- MCP sessions, so that a client's next request may reach any node: the node that does not
+-- hold the session restores it from its `initialize` parameters (rmcp's session store).
+CREATE TABLE mcp_sessions (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    state TEXT NOT NULL,
+    touched_at_ms BIGINT NOT NULL
+);
+CREATE INDEX mcp_sessions_by_age ON mcp_sessions (touched_at_ms);

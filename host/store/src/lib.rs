@@ -333,6 +333,29 @@ pub trait Store: Send + Sync {
     /// Forgets the calls that ended before `before_ms`; how many.
     async fn durable_purge(&self, before_ms: u64) -> Result<usize>;
 
+    /// An MCP session's tenant and state (rmcp's `SessionState` as JSON), for a node that does
+    /// not hold it to restore. A store of one node keeps none: its sessions live in memory.
+    async fn mcp_session(&self, id: &str) -> Result<Option<(String, String)>> {
+        let _ = id;
+        Ok(None)
+    }
+    /// Keeps an MCP session's state; forgets sessions untouched for [`MCP_SESSION_TTL_MS`].
+    async fn put_mcp_session(
+        &self,
+        id: &str,
+        tenant: &str,
+        state: &str,
+        now_ms: u64,
+    ) -> Result<()> {
+        let _ = (id, tenant, state, now_ms);
+        Ok(())
+    }
+    /// Forgets an MCP session (it ended).
+    async fn remove_mcp_session(&self, id: &str) -> Result<()> {
+        let _ = id;
+        Ok(())
+    }
+
     /// Records that `node` is alive at `now_ms`; how many nodes are (heard from within
     /// [`NODE_TTL_MS`]), this one included. A store only this process writes is one node.
     async fn heartbeat(&self, node: &str, now_ms: u64) -> Result<u32> {
@@ -357,6 +380,9 @@ pub trait Store: Send + Sync {
         None
     }
 }
+
+/// An MCP session not restored or opened for this long is forgotten by the shared store.
+pub const MCP_SESSION_TTL_MS: u64 = 24 * 3600 * 1000;
 
 /// A node not heard from for this long no longer counts as alive (nodes beat every 5 s).
 pub const NODE_TTL_MS: u64 = 15_000;

@@ -988,6 +988,51 @@ impl Store for PgStore {
         Ok(purged.rows_affected() as usize)
     }
 
+    async fn mcp_session(&self, id: &str) -> Result<Option<(String, String)>> {
+        sqlx::query_as("SELECT tenant, state FROM mcp_sessions WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)
+    }
+
+    async fn put_mcp_session(
+        &self,
+        id: &str,
+        tenant: &str,
+        state: &str,
+        now_ms: u64,
+    ) -> Result<()> {
+        let mut tx = self.begin().await?;
+        sqlx::query(
+            "INSERT INTO mcp_sessions (id, tenant, state, touched_at_ms) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, \
+             touched_at_ms = EXCLUDED.touched_at_ms WHERE mcp_sessions.tenant = EXCLUDED.tenant",
+        )
+        .bind(id)
+        .bind(tenant)
+        .bind(state)
+        .bind(to_i64(now_ms))
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        sqlx::query("DELETE FROM mcp_sessions WHERE touched_at_ms < $1")
+            .bind(to_i64(now_ms.saturating_sub(crate::MCP_SESSION_TTL_MS)))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn remove_mcp_session(&self, id: &str) -> Result<()> {
+        sqlx::query("DELETE FROM mcp_sessions WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
     async fn heartbeat(&self, node: &str, now_ms: u64) -> Result<u32> {
         let mut tx = self.begin().await?;
         sqlx::query(
