@@ -82,6 +82,62 @@ pub fn node(db: &Database, dir: &Path, name: &str) -> Server {
     )
 }
 
+/// As [`node`], on `addr`.
+fn node_at(db: &Database, dir: &Path, name: &str, addr: std::net::SocketAddr) -> Server {
+    let store = std::ffi::OsString::from(&db.url);
+    let envs = [("TOOLHOST_STORE", store.as_os_str())];
+    Server::start_at(addr, &dir.join(name), crate::plugins::artifact_dir(), &envs)
+}
+
+/// HAProxy (Debian's package) in front of `nodes` as `scripts/cluster-demo` runs it: round
+/// robin over the nodes whose `/healthz` answers, a refused connection or an empty answer
+/// retried on another node.
+pub struct Balancer {
+    child: std::process::Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl Balancer {
+    pub fn start(dir: &Path, nodes: &[std::net::SocketAddr]) -> Balancer {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let servers: String = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| format!("    server node{i} {node} check inter 200ms fall 1 rise 1\n"))
+            .collect();
+        let config = format!(
+            "defaults\n    mode http\n    timeout connect 2s\n    timeout client 60s\n    \
+             timeout server 60s\n    retries 3\n    option redispatch 1\n    \
+             retry-on conn-failure empty-response\n    http-reuse never\n\
+             frontend toolhost\n    bind {addr}\n    default_backend nodes\n\
+             backend nodes\n    balance roundrobin\n    option httpchk GET /healthz\n{servers}"
+        );
+        let file = dir.join(format!("haproxy-{}.cfg", addr.port()));
+        std::fs::write(&file, config).unwrap();
+        let child = std::process::Command::new("haproxy")
+            .arg("-f")
+            .arg(&file)
+            .arg("-db")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("haproxy: Debian's package (scripts/test installs it)");
+        within(Duration::from_secs(10), "haproxy listens", || {
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+        Balancer { child, addr }
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Polls `done` until it holds; how long that took, or a panic naming `what` after `limit`.
 pub fn within(limit: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
     let started = Instant::now();
@@ -255,8 +311,8 @@ fn a_killed_nodes_idempotent_calls_complete_elsewhere_and_the_others_end_node_lo
 
 #[test]
 fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
     let db = Database::fresh();
     let dir = tempfile::tempdir().unwrap();
     let key = db.tenant(dir.path(), "acme", "{}", "admin");
@@ -270,19 +326,17 @@ fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
             http(node.addr, "GET", "/v1/tools/nap", &key, b"").0 == 200
         });
     }
-    // Where the balancer would send requests: the nodes up now.
-    let up = Arc::new(Mutex::new(nodes.iter().map(|n| n.addr).collect::<Vec<_>>()));
+    let balancer = Balancer::start(
+        dir.path(),
+        &nodes.iter().map(|n| n.addr).collect::<Vec<_>>(),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
-        let (up, stop, key) = (up.clone(), stop.clone(), key.clone());
+        let (stop, key, addr) = (stop.clone(), key.clone(), balancer.addr);
         std::thread::spawn(move || {
             let (mut durable, mut answered, mut turn) = (Vec::new(), 0, 0);
             while !stop.load(Ordering::Relaxed) {
                 turn += 1;
-                let addr = {
-                    let up = up.lock().unwrap();
-                    up[turn % up.len()]
-                };
                 // The durable call is not idempotent: a node that dropped it would lose it.
                 let (path, body) = match turn % 2 {
                     0 => (
@@ -291,19 +345,16 @@ fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
                     ),
                     _ => ("/v1/tools/nap/call", r#"{"arguments": {"ms": 20}}"#),
                 };
-                match crate::process::try_http(addr, "POST", path, &key, body.as_bytes()) {
-                    // A node that has stopped listening: the balancer tries another.
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => continue,
-                    Err(e) => panic!("{path} on {addr}: accepted, then no answer: {e}"),
-                    Ok((202, body)) => {
+                match http(addr, "POST", path, &key, body.as_bytes()) {
+                    (202, body) => {
                         let queued: serde_json::Value = serde_json::from_str(&body).unwrap();
                         durable.push(queued["call_id"].as_str().unwrap().to_owned());
                     }
-                    Ok((200, body)) => {
+                    (200, body) => {
                         assert!(body.contains(r#""result":"rested""#), "{body}");
                         answered += 1;
                     }
-                    Ok((status, body)) => panic!("{path} on {addr}: {status} {body}"),
+                    (status, body) => panic!("{path} through the balancer: {status} {body}"),
                 }
                 std::thread::sleep(Duration::from_millis(15));
             }
@@ -313,11 +364,10 @@ fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
     std::thread::sleep(Duration::from_millis(500));
     for (i, name) in names.iter().enumerate() {
         let addr = nodes[i].addr;
-        up.lock().unwrap().retain(|a| *a != addr);
-        let stopped = std::mem::replace(&mut nodes[i], node(&db, dir.path(), &format!("{name}2")));
-        stopped.stop();
-        up.lock().unwrap().push(nodes[i].addr);
-        std::thread::sleep(Duration::from_millis(300));
+        // SIGTERM, as an operator rolls a node; the new one comes up where the old one was.
+        nodes.remove(i).stop();
+        nodes.insert(i, node_at(&db, dir.path(), &format!("{name}2"), addr));
+        std::thread::sleep(Duration::from_millis(500));
     }
     stop.store(true, Ordering::Relaxed);
     let (durable, answered) = load.join().unwrap();
@@ -328,7 +378,7 @@ fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
     );
     for call_id in &durable {
         let path = format!("/v1/calls/{call_id}?wait=30");
-        let (status, body) = http(nodes[0].addr, "GET", &path, &key, b"");
+        let (status, body) = http(balancer.addr, "GET", &path, &key, b"");
         assert_eq!(status, 200, "{body}");
         let call: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(call["status"], "done", "{body}");
@@ -523,6 +573,22 @@ fn mcp_post(
     (status, session, body.to_owned())
 }
 
+/// A session's `GET /mcp` stream on `addr`, its head read; what follows is the stream.
+fn mcp_stream(addr: std::net::SocketAddr, key: &str, session: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let head = format!(
+        "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n\
+         Accept: text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n\
+         Mcp-Session-Id: {session}\r\n\r\n"
+    );
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    stream.write_all(head.as_bytes()).unwrap();
+    stream
+}
+
 #[test]
 fn an_mcp_session_opened_on_one_node_goes_on_on_another() {
     use serde_json::json;
@@ -557,6 +623,25 @@ fn an_mcp_session_opened_on_one_node_goes_on_on_another() {
     assert!(
         body.contains(r#"\"words\":2"#) || body.contains(r#""words":2"#),
         "{body}"
+    );
+
+    // Changes made on node a reach the session's stream on node b.
+    let mut stream = mcp_stream(b.addr, &key, &session);
+    let component = std::fs::read(plugin_file("unit_convert")).unwrap();
+    let (status, body) = http(a.addr, "POST", "/v1/tools", &admin, &component);
+    assert!(status < 300, "{status} {body}");
+    let mut seen = String::new();
+    within(
+        Duration::from_secs(2),
+        "list_changed on node b's stream",
+        || {
+            use std::io::Read;
+            let mut chunk = [0u8; 4096];
+            if let Ok(n) = stream.read(&mut chunk) {
+                seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+            seen.contains("notifications/tools/list_changed")
+        },
     );
 
     // Another tenant's key cannot take the session over, on either node.

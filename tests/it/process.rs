@@ -122,6 +122,26 @@ impl Server {
             .unwrap()
             .local_addr()
             .unwrap();
+        Self::launch(prefix, addr, data, artifacts, envs)
+    }
+
+    /// As [`Server::start`], on `addr` (a node restarted where its balancer expects it).
+    pub fn start_at(
+        addr: std::net::SocketAddr,
+        data: &Path,
+        artifacts: &Path,
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Server {
+        Self::launch(&[], addr, data, artifacts, envs).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn launch(
+        prefix: &[String],
+        addr: std::net::SocketAddr,
+        data: &Path,
+        artifacts: &Path,
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Server, String> {
         let toolhost = env!("CARGO_BIN_EXE_toolhost").to_owned();
         let (program, args) = match prefix.split_first() {
             Some((program, args)) => (program, [args, &[toolhost]].concat()),
@@ -169,6 +189,16 @@ impl Server {
                 panic!("serve did not stop within 15 s of SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A server a failing test did not stop is killed, not left running.
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }

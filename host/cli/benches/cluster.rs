@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use client::{connect, get, post};
-use cluster::{Database, PrivateServer, node, within};
+use cluster::{Balancer, Database, PrivateServer, node, within};
 use process::{Server, http, plugin_file};
 
 const CALL: &str = r#"{"arguments": {"text": "The quick brown fox jumps over the lazy dog."}}"#;
@@ -200,48 +200,4 @@ async fn throughput(addr: SocketAddr, key: &str, connections: usize) -> f64 {
         calls += client.await.unwrap();
     }
     calls as f64 / started.elapsed().as_secs_f64()
-}
-
-/// HAProxy (Debian's package) in front of `nodes`, round robin.
-struct Balancer {
-    child: std::process::Child,
-    addr: SocketAddr,
-}
-
-impl Balancer {
-    fn start(dir: &std::path::Path, nodes: &[SocketAddr]) -> Balancer {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let servers: String = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| format!("    server node{i} {node}\n"))
-            .collect();
-        let config = format!(
-            "defaults\n    mode http\n    timeout connect 2s\n    timeout client 60s\n    \
-             timeout server 60s\nfrontend toolhost\n    bind {addr}\n    default_backend nodes\n\
-             backend nodes\n    balance roundrobin\n{servers}"
-        );
-        let file = dir.join(format!("haproxy-{}.cfg", addr.port()));
-        std::fs::write(&file, config).unwrap();
-        let child = std::process::Command::new("haproxy")
-            .arg("-f")
-            .arg(&file)
-            .arg("-db")
-            .spawn()
-            .expect("haproxy (Debian's package: apt-get install haproxy)");
-        while std::net::TcpStream::connect(addr).is_err() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Balancer { child, addr }
-    }
-}
-
-impl Drop for Balancer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
