@@ -144,7 +144,8 @@ pub(crate) struct Catalog {
     store: Arc<dyn Store>,
     components: Arc<Components>,
     /// Serializes this process's read-modify-write of tool entries (install, rollback,
-    /// remove), so that two installs of one tool cannot both become version N+1.
+    /// remove), so that two installs of one tool cannot both become version N+1; the store's
+    /// `lock_entries` does the same across the processes of a shared store.
     entry_writes: tokio::sync::Mutex<()>,
     /// The tenant whose visible tools changed, for subscribers such as MCP sessions.
     changes: tokio::sync::broadcast::Sender<String>,
@@ -221,6 +222,7 @@ impl Catalog {
             .map_err(InstallError::ListTools)?;
         let specs = self.check_defs(tenant, defs)?;
         let _writing = self.entry_writes.lock().await;
+        let _cluster = self.store.lock_entries(tenant).await?;
         let blob = (component.sha.as_str(), component.bytes.len() as u64);
         let changed = self
             .plan_versions(tenant, SourceKind::Wasm, &specs, blob, code_quota)
@@ -294,6 +296,7 @@ impl Catalog {
     ) -> Result<ToolSpec, InstallError> {
         let sha = sha256_hex(blob);
         let _writing = self.entry_writes.lock().await;
+        let _cluster = self.store.lock_entries(tenant).await?;
         let specs = std::slice::from_ref(&spec);
         let changed = self
             .plan_versions(tenant, kind, specs, (&sha, blob.len() as u64), code_quota)
@@ -455,6 +458,7 @@ impl Catalog {
         to: Option<u32>,
     ) -> Result<u32, ManageError> {
         let _writing = self.entry_writes.lock().await;
+        let _cluster = self.store.lock_entries(tenant).await?;
         let mut entry = self.versions(tenant, name).await?;
         let target = match to {
             Some(version) => version,
@@ -486,6 +490,7 @@ impl Catalog {
 
     pub async fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
         let _writing = self.entry_writes.lock().await;
+        let _cluster = self.store.lock_entries(tenant).await?;
         if self.tools.get(tenant, name).is_none() {
             return Ok(false);
         }

@@ -213,6 +213,13 @@ pub trait Store: Send + Sync {
     async fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()>;
     /// Forgets a tool; false if there was none.
     async fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool>;
+    /// Holds the tenant's tool entries for one read-modify-write (an install, a rollback, a
+    /// removal) against every other process on this store, until the lock is dropped. A
+    /// store only this process writes has nothing to lock: the host serializes its own.
+    async fn lock_entries(&self, tenant: &str) -> Result<EntriesLock> {
+        let _ = tenant;
+        Ok(EntriesLock(None))
+    }
 
     /// The blob with this sha256 (hex).
     async fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>>;
@@ -494,6 +501,9 @@ pub(crate) fn claim(
     };
     Some(call.clone())
 }
+
+/// Held while a tenant's tool entries are read and written back ([`Store::lock_entries`]).
+pub struct EntriesLock(pub Option<Box<dyn std::any::Any + Send>>);
 
 /// A change another node made to records this node caches.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,9 +20,9 @@ use tokio::sync::{broadcast, oneshot};
 use toolhost_spec::policy::TenantPolicy;
 
 use crate::{
-    Change, ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, Result, SecretsKey, Store,
-    StoreError, ToolEntry, cache_bytes, cache_expired, kv_bytes, now_ms, open_config, over,
-    quota_error, seal_config,
+    Change, ConfigValue, DurableCall, DurableState, EntriesLock, HeldCall, KeyRecord, Result,
+    SecretsKey, Store, StoreError, ToolEntry, cache_bytes, cache_expired, kv_bytes, now_ms,
+    open_config, over, quota_error, seal_config,
 };
 
 /// A blob this young is never collected: an install on another node may not have written
@@ -461,6 +461,18 @@ impl Store for PgStore {
             tenant: tenant.to_owned(),
         };
         Ok(self.write_announced(query, change).await? > 0)
+    }
+
+    /// A transaction-scoped advisory lock on the tenant's entries: released when the
+    /// transaction ends, which dropping the lock does (sqlx rolls it back).
+    async fn lock_entries(&self, tenant: &str) -> Result<EntriesLock> {
+        let mut tx = self.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("toolhost tools {tenant}"))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        Ok(EntriesLock(Some(Box::new(tx))))
     }
 
     async fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {

@@ -576,3 +576,22 @@ async fn ended_durable_calls_are_purged(store: Arc<dyn Store>) {
     assert_eq!(store.durable_get("ended").await.unwrap(), None);
     assert!(store.durable_get("waiting").await.unwrap().is_some());
 }
+
+/// PostgreSQL only: a tenant's entries are locked against every node for one install, and
+/// only that tenant's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_entries_are_locked_across_nodes_for_one_change() {
+    let url = fresh_database().await;
+    let a = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
+    let b = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
+    let held = a.lock_entries("acme").await.unwrap();
+    let wait = std::time::Duration::from_millis(300);
+    let blocked = tokio::time::timeout(wait, b.lock_entries("acme")).await;
+    assert!(blocked.is_err(), "b waits while a holds acme's entries");
+    let other = tokio::time::timeout(wait, b.lock_entries("globex")).await;
+    assert!(other.is_ok(), "another tenant's entries are not held");
+    drop(other);
+    drop(held);
+    let taken = tokio::time::timeout(std::time::Duration::from_secs(5), b.lock_entries("acme"));
+    assert!(taken.await.is_ok(), "released when a's lock is dropped");
+}
