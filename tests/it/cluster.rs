@@ -644,6 +644,12 @@ fn an_mcp_session_opened_on_one_node_goes_on_on_another() {
         },
     );
 
+    // Input a database refuses outright is a plain "no such thing", not a storage failure.
+    let (status, body) = http(b.addr, "GET", "/v1/calls/a%00b", &admin, b"");
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = http(b.addr, "DELETE", "/v1/config/A%00B", &admin, b"");
+    assert_eq!(status, 404, "{body}");
+
     // Another tenant's key cannot take the session over, on either node.
     let globex = db.tenant(dir.path(), "globex", "{}", "agent");
     let list = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"});

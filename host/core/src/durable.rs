@@ -315,6 +315,10 @@ impl Pipeline {
         id: &str,
         wait: Duration,
     ) -> Result<Option<DurableStatus>, StoreError> {
+        // Call ids are printable: no such call, and a database would refuse some (a NUL).
+        if id.is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
+            return Ok(None);
+        }
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             // Registered before the read, so an end between the two is not missed.

@@ -68,6 +68,10 @@ impl Tenants {
     }
 
     pub async fn remove_config(&self, tenant: &str, key: &str) -> Result<bool, ManageError> {
+        // No such key can have been set, and a database would refuse some (a NUL) outright.
+        if !is_valid_config_key(key) {
+            return Ok(false);
+        }
         Ok(self.store.config_delete(tenant, key).await?)
     }
 
