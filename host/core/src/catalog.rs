@@ -519,6 +519,9 @@ impl Catalog {
 
     /// Reads a tenant's tools again (another node changed them) and tells subscribers.
     pub async fn reload(&self, tenant: &str) -> Result<(), StoreError> {
+        // Not between this process's own read and write of the entries: it would put back
+        // what that write replaces.
+        let _writing = self.entry_writes.lock().await;
         let entries = self.store.tool_entries_of(tenant).await?;
         self.tools.replace_tenant(tenant, valid_tools(&entries));
         self.changed(tenant);
@@ -527,6 +530,7 @@ impl Catalog {
 
     /// Reads every tenant's tools again (notices from other nodes may have been missed).
     pub async fn reload_all(&self) -> Result<(), StoreError> {
+        let _writing = self.entry_writes.lock().await;
         let entries = self.store.tool_entries().await?;
         let mut tenants: Vec<String> = entries.iter().map(|e| e.tenant.clone()).collect();
         tenants.extend(self.tools.tenants());

@@ -86,8 +86,11 @@ impl Host {
         let js_runtime = config.js_runtime.as_deref();
         let catalog = Arc::new(Catalog::load(store.clone(), components.clone(), js_runtime).await?);
         let tenants = Arc::new(Tenants::new(store.clone(), config.default_policy));
-        let purged = store.cache_purge(now_ms()).await?;
-        tracing::debug!(purged, "expired cached results dropped");
+        // A cache: one not purged now is purged when read, or at the next start.
+        match store.cache_purge(now_ms()).await {
+            Ok(purged) => tracing::debug!(purged, "expired cached results dropped"),
+            Err(error) => tracing::warn!(%error, "expired cached results not purged"),
+        }
         let files_dir = config
             .files_dir
             .or(config.data_dir.map(|d| d.join("files")));

@@ -2,6 +2,7 @@
 //! keys, and its policy (cached in memory; the host's default for a tenant without one).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
@@ -32,6 +33,9 @@ pub(crate) struct Tenants {
     default_policy: Arc<TenantPolicy>,
     /// Keys by sha256 as last read, unknown ones too (`None`), at most [`KEYS_CACHED`].
     keys: quick_cache::sync::Cache<String, Option<KeyRecord>>,
+    /// Bumped whenever what memory holds is forgotten or replaced: a read that began before
+    /// is not cached (it could put back a revoked key or an old policy).
+    forgotten: AtomicU64,
 }
 
 /// Keys remembered; past it, the least used are read from the store again.
@@ -44,6 +48,7 @@ impl Tenants {
             policies: Mutex::default(),
             default_policy: Arc::new(default_policy),
             keys: quick_cache::sync::Cache::new(KEYS_CACHED),
+            forgotten: AtomicU64::new(0),
         }
     }
 
@@ -114,7 +119,7 @@ impl Tenants {
         };
         let hash = sha256_hex(secret.as_bytes());
         self.store.key_put(&hash, &record).await?;
-        self.keys.remove(&hash);
+        self.forget_keys();
         Ok(NewKey { secret, record })
     }
 
@@ -128,7 +133,7 @@ impl Tenants {
 
     pub async fn revoke_key(&self, id: &str) -> Result<bool, ManageError> {
         let revoked = self.store.key_revoke(id).await?;
-        self.keys.clear();
+        self.forget_keys();
         Ok(revoked)
     }
 
@@ -139,8 +144,11 @@ impl Tenants {
         if let Some(record) = self.keys.get(&hash) {
             return Ok(record);
         }
+        let before = self.forgotten.load(Ordering::Acquire);
         let record = self.store.key_get(&hash).await?;
-        self.keys.insert(hash, record.clone());
+        if self.forgotten.load(Ordering::Acquire) == before {
+            self.keys.insert(hash, record.clone());
+        }
         Ok(record)
     }
 
@@ -148,21 +156,30 @@ impl Tenants {
         if let Some(policy) = self.cached_policy(tenant) {
             return policy;
         }
+        let before = self.forgotten.load(Ordering::Acquire);
         let policy = match self.store.policy(tenant).await {
             Ok(Some(policy)) => Arc::new(policy),
             Ok(None) => self.default_policy.clone(),
             Err(error) => {
-                // Fail closed: a tenant whose policy cannot be read can call nothing.
+                // Fail closed: a tenant whose policy cannot be read can call nothing, until
+                // it can be read (not kept: the next call reads again).
                 tracing::error!(tenant, %error, "policy unreadable; denying every call");
-                Arc::new(TenantPolicy {
+                return Arc::new(TenantPolicy {
                     deny: vec!["*".into()],
                     ..TenantPolicy::default()
-                })
+                });
             }
         };
-        self.lock_policies()
-            .insert(tenant.to_owned(), policy.clone());
+        let mut policies = self.lock_policies();
+        if self.forgotten.load(Ordering::Acquire) == before {
+            policies.insert(tenant.to_owned(), policy.clone());
+        }
         policy
+    }
+
+    fn forget_keys(&self) {
+        self.forgotten.fetch_add(1, Ordering::AcqRel);
+        self.keys.clear();
     }
 
     fn cached_policy(&self, tenant: &str) -> Option<Arc<TenantPolicy>> {
@@ -176,11 +193,14 @@ impl Tenants {
     /// Drops what memory holds of what another node changed: read again at next use.
     pub fn forget(&self, change: &Change) {
         match change {
-            Change::Policy { tenant } => drop(self.lock_policies().remove(tenant)),
-            Change::Keys => self.keys.clear(),
+            Change::Policy { tenant } => {
+                self.forgotten.fetch_add(1, Ordering::AcqRel);
+                self.lock_policies().remove(tenant);
+            }
+            Change::Keys => self.forget_keys(),
             Change::Resync => {
+                self.forget_keys();
                 self.lock_policies().clear();
-                self.keys.clear();
             }
             Change::Tools { .. }
             | Change::Config { .. }
@@ -194,6 +214,7 @@ impl Tenants {
         check_tenant(tenant)?;
         policy.validate()?;
         self.store.put_policy(tenant, &policy).await?;
+        self.forgotten.fetch_add(1, Ordering::AcqRel);
         self.lock_policies()
             .insert(tenant.to_owned(), Arc::new(policy));
         Ok(())

@@ -115,13 +115,17 @@ fn router_with_shutdown(
     stop: CancellationToken,
 ) -> Router {
     let max_upload = host.max_component_bytes() + MULTIPART_OVERHEAD;
+    let shared_sessions = host.store().changes().is_some();
     let mcp = Mcp {
         disclosure: Arc::new(Disclosure::new(host.clone(), options.disclosure)),
         config: StreamableHttpServerConfig::default()
             .with_cancellation_token(stop)
             .with_max_request_body_bytes(MAX_REQUEST_BYTES),
-        sessions: Sessions::new(options.mcp_sessions),
-        shared_sessions: host.store().changes().is_some(),
+        sessions: match shared_sessions {
+            true => Sessions::new(options.mcp_sessions).shared_in(host.store().clone()),
+            false => Sessions::new(options.mcp_sessions),
+        },
+        shared_sessions,
     };
     let app = App {
         host,

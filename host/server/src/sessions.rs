@@ -68,6 +68,9 @@ pub(crate) struct Sessions {
     events: Arc<RecentEvents>,
     limits: SessionLimits,
     open: Mutex<Open>,
+    /// The shared store sessions are also kept in, if any: an idle one closed here is
+    /// forgotten there too.
+    shared: Option<Arc<dyn Store>>,
 }
 
 /// A place held for one `initialize` until its answer names the session (or it fails).
@@ -83,7 +86,14 @@ impl Sessions {
             events: RecentEvents::new(DEFAULT_EVENT_BYTES),
             limits,
             open: Mutex::new(Open::default()),
+            shared: None,
         }
+    }
+
+    /// Sessions also kept in `store`, which many nodes share.
+    pub(crate) fn shared_in(mut self, store: Arc<dyn Store>) -> Self {
+        self.shared = Some(store);
+        self
     }
 
     /// The session manager of `tenant`'s sessions.
@@ -125,6 +135,11 @@ impl Sessions {
         for (id, tenant) in idle {
             // Already gone (ended by the client or by rmcp) is fine.
             let _ = self.manager(&tenant).close_session(&id).await;
+            if let Some(store) = &self.shared
+                && let Err(error) = store.remove_mcp_session(&id).await
+            {
+                tracing::warn!(%error, "an idle MCP session not forgotten by the store");
+            }
         }
         let mut open = self.lock();
         let tenant: Arc<str> = tenant.into();
@@ -198,6 +213,9 @@ impl Drop for Opening<'_> {
     }
 }
 
+/// The largest session state (its `initialize` parameters) shared with other nodes.
+const MAX_STORED_SESSION_BYTES: usize = 64 * 1024;
+
 /// One tenant's MCP sessions in the host's shared store, as rmcp's session store: a node
 /// that does not hold a session restores it from its `initialize` parameters, so a client's
 /// requests may reach any node. Another tenant's session is as absent as one never opened.
@@ -219,6 +237,14 @@ impl SessionStore for StoredSessions {
 
     async fn store(&self, id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
         let state = serde_json::to_string(state)?;
+        if state.len() > MAX_STORED_SESSION_BYTES {
+            // Served by this node only: another node answers 404 and the client starts over.
+            tracing::warn!(
+                bytes = state.len(),
+                "MCP session too large to share with other nodes"
+            );
+            return Ok(());
+        }
         let now = toolhost::store::now_ms();
         Ok(self
             .store
@@ -235,9 +261,12 @@ impl Sessions {
     /// Takes a session that another node opened (it is in `stored`) into this node's count,
     /// under the same caps as a new one; whether it is the tenant's and fits.
     pub(crate) async fn adopt(&self, stored: &StoredSessions, id: &str) -> bool {
-        let known = stored.load(id).await.ok().flatten().is_some();
-        if !known {
+        let Some(state) = stored.load(id).await.ok().flatten() else {
             return false;
+        };
+        // In use: kept another day from now.
+        if let Err(error) = stored.store(id, &state).await {
+            tracing::warn!(%error, "an adopted MCP session not touched in the store");
         }
         match self.admit(&stored.tenant).await {
             Ok(opening) => {

@@ -192,6 +192,25 @@ impl PgStore {
         Ok(used.max(0) as u64)
     }
 
+    /// What writing a cached result of `json_len` bytes at `key` adds to the tenant's bytes.
+    async fn cache_delta(
+        tx: &mut Transaction<'static, Postgres>,
+        tenant: &str,
+        key: &[u8],
+        json_len: usize,
+    ) -> Result<i64> {
+        let old: Option<i32> = sqlx::query_scalar(
+            "SELECT octet_length(value) FROM cache WHERE tenant = $1 AND key = $2",
+        )
+        .bind(tenant)
+        .bind(key)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(backend)?;
+        let old = old.map_or(0, |len| cache_bytes(tenant, key, len as usize));
+        Ok(cache_bytes(tenant, key, json_len) - old)
+    }
+
     async fn charge(
         tx: &mut Transaction<'static, Postgres>,
         tenant: &str,
@@ -268,6 +287,16 @@ impl PgStore {
         tx.commit().await.map_err(backend)?;
         Ok(true)
     }
+}
+
+/// The database's clock, in Unix milliseconds: the one clock every node's leases agree on.
+async fn database_now(tx: &mut Transaction<'static, Postgres>) -> Result<u64> {
+    let now: i64 =
+        sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(backend)?;
+    Ok(now.max(0) as u64)
 }
 
 /// Writes a durable call's row: its record, and the columns claims select on.
@@ -549,8 +578,10 @@ impl Store for PgStore {
         if dead.is_empty() {
             return Ok(0);
         }
-        let removed = sqlx::query("DELETE FROM blobs WHERE sha = ANY($1)")
+        // Stored again meanwhile (an install on another node): young again, kept.
+        let removed = sqlx::query("DELETE FROM blobs WHERE sha = ANY($1) AND created_at_ms < $2")
             .bind(&dead)
+            .bind(to_i64(settled))
             .execute(&self.pool)
             .await
             .map_err(backend)?;
@@ -600,24 +631,20 @@ impl Store for PgStore {
         let json = serde_json::to_string(value).expect("a Value serializes");
         let mut tx = self.begin().await?;
         let mut used = Self::locked_usage(&mut tx, tenant).await?;
-        let old: Option<i32> = sqlx::query_scalar(
-            "SELECT octet_length(value) FROM cache WHERE tenant = $1 AND key = $2",
-        )
-        .bind(tenant)
-        .bind(key)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(backend)?;
-        let old = old.map_or(0, |len| cache_bytes(tenant, key, len as usize));
-        let delta = cache_bytes(tenant, key, json.len()) - old;
+        let mut delta = Self::cache_delta(&mut tx, tenant, key, json.len()).await?;
         if over(used, delta, quota) {
             let (_, freed) = Self::purge_expired(&mut tx, Some(tenant), now_ms()).await?;
             for (_, freed) in freed {
                 Self::charge(&mut tx, tenant, -freed).await?;
                 used = used.saturating_sub(freed.max(0) as u64);
             }
+            // The purge may have removed the entry this write replaces: its bytes are
+            // already given back.
+            delta = Self::cache_delta(&mut tx, tenant, key, json.len()).await?;
         }
         if over(used, delta, quota) {
+            // The expired results purged stay purged, as on redb.
+            tx.commit().await.map_err(backend)?;
             return Err(quota_error(used, delta, quota));
         }
         sqlx::query(
@@ -636,14 +663,29 @@ impl Store for PgStore {
         tx.commit().await.map_err(backend)
     }
 
+    /// Tenant by tenant, each one's `usage` row locked before its cache rows: the order every
+    /// other write takes them in, so a purge never deadlocks with a node's writes.
     async fn cache_purge(&self, now_ms: u64) -> Result<usize> {
-        let mut tx = self.begin().await?;
-        let (count, freed) = Self::purge_expired(&mut tx, None, now_ms).await?;
-        for (tenant, bytes) in &freed {
-            Self::locked_usage(&mut tx, tenant).await?;
-            Self::charge(&mut tx, tenant, -bytes).await?;
+        let latest = now_ms.saturating_add(toolhost_spec::spec::CACHE_TTL_MS.max);
+        let tenants: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT tenant FROM cache WHERE expires_at_ms <= $1 OR expires_at_ms > $2",
+        )
+        .bind(to_i64(now_ms))
+        .bind(to_i64(latest))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        let mut count = 0;
+        for tenant in tenants {
+            let mut tx = self.begin().await?;
+            Self::locked_usage(&mut tx, &tenant).await?;
+            let (removed, freed) = Self::purge_expired(&mut tx, Some(&tenant), now_ms).await?;
+            for (_, bytes) in &freed {
+                Self::charge(&mut tx, &tenant, -bytes).await?;
+            }
+            tx.commit().await.map_err(backend)?;
+            count += removed;
         }
-        tx.commit().await.map_err(backend)?;
         Ok(count)
     }
 
@@ -937,9 +979,13 @@ impl Store for PgStore {
         now_ms: u64,
         lease_until_ms: u64,
     ) -> Result<Option<DurableCall>> {
+        // Leases are read and written in the database's time, so nodes' clocks may differ.
+        let lease = lease_until_ms.saturating_sub(now_ms);
         // Each round ends at most one stalled call lost; a few rounds, then the next poll.
         for _ in 0..16 {
             let mut tx = self.begin().await?;
+            let now_ms = database_now(&mut tx).await?;
+            let lease_until_ms = now_ms + lease;
             let row: Option<(String, String)> = sqlx::query_as(
                 "SELECT id, call FROM durable_calls \
                  WHERE status = 'queued' OR (status = 'running' AND lease_until_ms < $1) \
@@ -964,9 +1010,11 @@ impl Store for PgStore {
     }
 
     async fn durable_renew(&self, id: &str, node: &str, lease_until_ms: u64) -> Result<bool> {
+        let lease = lease_until_ms.saturating_sub(now_ms());
+        let now = database_now(&mut self.begin().await?).await?;
         let next = DurableState::Running {
             node: node.to_owned(),
-            lease_until_ms,
+            lease_until_ms: now + lease,
         };
         self.durable_own(id, node, next).await
     }

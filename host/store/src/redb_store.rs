@@ -700,13 +700,20 @@ impl RedbFile {
         let key = cache_key(tenant, key);
         self.write(Commit::Lazy, |tx| {
             let mut cache = tx.open_table(CACHE)?;
-            let old = cache.get(&key[..])?.map(|v| v.value().len());
-            let delta = entry_bytes(&key, Some(stored.len())) - entry_bytes(&key, old);
+            let new = entry_bytes(&key, Some(stored.len()));
+            let replaced = |cache: &redb::Table<'_, &'static [u8], &'static [u8]>| {
+                let old = cache.get(&key[..])?.map(|v| v.value().len());
+                Ok::<_, redb::Error>(new - entry_bytes(&key, old))
+            };
+            let mut delta = replaced(&cache)?;
             let mut used = usage(tx, tenant)?;
             if over(used, delta, quota) {
                 let freed = purge_expired(&mut cache, &cache_key(tenant, b""), now_ms())?;
                 charge(tx, tenant, -freed)?;
                 used = usage(tx, tenant)?;
+                // The purge may have removed the entry this write replaces: its bytes are
+                // already given back.
+                delta = replaced(&cache)?;
             }
             if over(used, delta, quota) {
                 return Ok(Err(quota_error(used, delta, quota)));

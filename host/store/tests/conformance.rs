@@ -68,6 +68,7 @@ conformance!(
     blobs_are_collected_only_when_nothing_refers_to_them,
     cached_results_expire,
     cached_results_stay_within_the_data_quota_dropping_expired_ones_first,
+    rewriting_an_expired_result_over_the_quota_counts_its_bytes_once,
     kv_and_config_are_scoped_by_tenant,
     data_is_counted_the_same_way,
     the_data_quota_holds_under_concurrent_writers,
@@ -519,28 +520,35 @@ async fn a_durable_call_goes_to_one_claimer(store: Arc<dyn Store>) {
     assert_eq!(store.durable_claim("n", 2_000, 60_000).await.unwrap(), None);
 }
 
+/// In real time: PostgreSQL keeps leases in the database's clock, whatever the node says.
 async fn a_stalled_durable_call_runs_again_only_while_it_has_retries(store: Arc<dyn Store>) {
+    const LEASE: u64 = 300;
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(LEASE + 200));
+    let claim = |node: &'static str| {
+        let store = store.clone();
+        async move {
+            let now = now_ms();
+            store.durable_claim(node, now, now + LEASE).await.unwrap()
+        }
+    };
     store
         .durable_put(&durable("idempotent", 1, 1))
         .await
         .unwrap();
     store.durable_put(&durable("once", 0, 2)).await.unwrap();
-    let first = store.durable_claim("a", 100, 200).await.unwrap().unwrap();
-    let second = store.durable_claim("a", 100, 200).await.unwrap().unwrap();
+    let first = claim("a").await.unwrap();
+    let second = claim("a").await.unwrap();
     assert_eq!(
         (first.id.as_str(), second.id.as_str()),
         ("idempotent", "once")
     );
-    assert_eq!(
-        store.durable_claim("b", 150, 1_000).await.unwrap(),
-        None,
-        "leases hold"
-    );
-    // Node a stops renewing: by 300 both leases ran out.
-    let again = store.durable_claim("b", 300, 1_000).await.unwrap().unwrap();
+    assert_eq!(claim("b").await, None, "leases hold");
+    // Node a stops renewing: both leases run out.
+    pause().await;
+    let again = claim("b").await.unwrap();
     assert_eq!(again.id, "idempotent");
     assert_eq!((again.attempts, again.retries_left), (2, 0));
-    assert_eq!(store.durable_claim("b", 300, 1_000).await.unwrap(), None);
+    assert_eq!(claim("b").await, None);
     let lost = store.durable_get("once").await.unwrap().unwrap();
     assert!(
         matches!(&lost.state, DurableState::Lost { node, .. } if node == "a"),
@@ -561,8 +569,9 @@ async fn a_stalled_durable_call_runs_again_only_while_it_has_retries(store: Arc<
     );
     // Stalled again past its retries, a call ends lost too.
     store.durable_put(&durable("twice", 0, 3)).await.unwrap();
-    store.durable_claim("b", 400, 500).await.unwrap().unwrap();
-    assert_eq!(store.durable_claim("c", 600, 1_000).await.unwrap(), None);
+    claim("b").await.unwrap();
+    pause().await;
+    assert_eq!(claim("c").await, None);
     let lost = store.durable_get("twice").await.unwrap().unwrap();
     assert_eq!(lost.state.status(), "lost");
 }
@@ -594,4 +603,34 @@ async fn a_tenants_entries_are_locked_across_nodes_for_one_change() {
     drop(held);
     let taken = tokio::time::timeout(std::time::Duration::from_secs(5), b.lock_entries("acme"));
     assert!(taken.await.is_ok(), "released when a's lock is dropped");
+}
+
+/// A write that replaces an expired result, when the quota makes it purge expired ones first,
+/// gives the old result's bytes back once, not twice.
+async fn rewriting_an_expired_result_over_the_quota_counts_its_bytes_once(store: Arc<dyn Store>) {
+    let (value, larger) = (json!("x".repeat(1000)), json!("x".repeat(1005)));
+    let later = now_ms() + 60_000;
+    store
+        .cache_put("t", b"k", 100, &value, u64::MAX)
+        .await
+        .unwrap();
+    store
+        .cache_put("t", b"b", later, &value, u64::MAX)
+        .await
+        .unwrap();
+    let one = store.data_bytes("t").await.unwrap() / 2;
+    // Growing `k` by 5 bytes passes a quota 2 over what is held: the expired results are
+    // purged (`k` with them), and then `k` is a whole new result, which does not fit.
+    let refused = store
+        .cache_put("t", b"k", later, &larger, 2 * one + 2)
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Quota { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        store.data_bytes("t").await.unwrap(),
+        one,
+        "`b` alone, counted once"
+    );
 }
