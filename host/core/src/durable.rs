@@ -17,7 +17,11 @@ use crate::config::DurableConfig;
 use crate::pipeline::{Budget, Pipeline};
 
 /// Durable calls of one tenant not yet ended; past this, a submission is `rate_limited`.
+/// With the ended calls kept (`toolhost_store::MAX_ENDED_KEPT`) and the arguments' cap, this
+/// bounds what one tenant's durable calls hold in the store.
 pub const MAX_UNENDED_PER_TENANT: usize = 1000;
+/// The largest arguments of a durable call, as JSON: they are kept until the call is forgotten.
+pub const MAX_DURABLE_ARGS_BYTES: usize = 64 * 1024;
 /// Ended calls are kept this long for their callers to read, then forgotten.
 const KEEP_ENDED: Duration = Duration::from_secs(24 * 3600);
 /// On a shared store, idle workers look for work this often even unwoken: another node's
@@ -286,6 +290,18 @@ impl Pipeline {
                     "the tenant has {MAX_UNENDED_PER_TENANT} durable calls that have not ended"
                 ),
                 retry_after_ms: None,
+            });
+        }
+        let size = serde_json::to_string(&args).map_or(0, |json| json.len());
+        if size > MAX_DURABLE_ARGS_BYTES {
+            return Err(CallError::InvalidArgs {
+                errors: vec![toolhost_spec::schema::ArgError {
+                    path: String::new(),
+                    message: format!(
+                        "a durable call's arguments are at most {MAX_DURABLE_ARGS_BYTES} bytes \
+                         of JSON; these are {size}"
+                    ),
+                }],
             });
         }
         let spec = tool.spec();

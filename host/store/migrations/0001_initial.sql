@@ -91,6 +91,7 @@ CREATE TABLE durable_calls (
 CREATE INDEX durable_calls_unended ON durable_calls (created_at_ms)
     WHERE status IN ('queued', 'running');
 CREATE INDEX durable_calls_ended ON durable_calls (ended_at_ms) WHERE ended_at_ms IS NOT NULL;
+CREATE INDEX durable_calls_by_tenant ON durable_calls (tenant, status);
 
 -- Each node's last heartbeat: nodes seen lately share the tenants' rate and concurrency limits.
 CREATE TABLE nodes (

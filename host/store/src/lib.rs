@@ -337,7 +337,8 @@ pub trait Store: Send + Sync {
     async fn durable_finish(&self, id: &str, node: &str, outcome: &Value) -> Result<bool>;
     /// How many of the tenant's durable calls have not ended.
     async fn durable_unfinished(&self, tenant: &str) -> Result<usize>;
-    /// Forgets the calls that ended before `before_ms`; how many.
+    /// Forgets the calls that ended before `before_ms`, and each tenant's ended calls past
+    /// the newest [`MAX_ENDED_KEPT`]; how many.
     async fn durable_purge(&self, before_ms: u64) -> Result<usize>;
 
     /// An MCP session's tenant and state (rmcp's `SessionState` as JSON), for a node that does
@@ -390,6 +391,9 @@ pub trait Store: Send + Sync {
 
 /// An MCP session not restored or opened for this long is forgotten by the shared store.
 pub const MCP_SESSION_TTL_MS: u64 = 24 * 3600 * 1000;
+
+/// Ended durable calls kept per tenant (the newest); older ones are forgotten as others end.
+pub const MAX_ENDED_KEPT: usize = 1000;
 
 /// A node not heard from for this long no longer counts as alive (nodes beat every 5 s).
 pub const NODE_TTL_MS: u64 = 15_000;

@@ -29,6 +29,9 @@ use crate::{
 /// the entry that refers to it yet. (Re-storing a blob makes it young again.)
 const BLOB_GRACE_MS: u64 = 60 * 60 * 1000;
 
+/// Connections a node keeps apart for leases and heartbeats.
+const CONTROL_CONNECTIONS: u32 = 3;
+
 /// The channel every node listens on.
 const CHANNEL: &str = "toolhost_changes";
 
@@ -84,6 +87,9 @@ impl PgOptions {
 /// The PostgreSQL implementation of [`Store`].
 pub struct PgStore {
     pool: PgPool,
+    /// A few connections of their own for leases and heartbeats: tenants' reads and writes
+    /// filling `pool` must not make a node lose the calls it runs.
+    control: PgPool,
     secrets_key: Option<SecretsKey>,
     /// This process's name in its notices, so that it skips its own.
     node: String,
@@ -106,6 +112,12 @@ impl PgStore {
             .connect(&options.url)
             .await
             .map_err(|e| fail(e.to_string()))?;
+        let control = PgPoolOptions::new()
+            .max_connections(CONTROL_CONNECTIONS)
+            .acquire_timeout(Duration::from_secs(1))
+            .connect(&options.url)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
         let migrator = Migrator::new(Embedded)
             .await
             .map_err(|e| fail(e.to_string()))?;
@@ -124,6 +136,7 @@ impl PgStore {
         tokio::spawn(listen(listener, node.clone(), changes.clone(), stop));
         Ok(PgStore {
             pool,
+            control,
             secrets_key: None,
             node,
             changes,
@@ -140,6 +153,11 @@ impl PgStore {
 
     async fn begin(&self) -> Result<Transaction<'static, Postgres>> {
         self.pool.begin().await.map_err(backend)
+    }
+
+    /// A transaction on the control pool (leases, heartbeats).
+    async fn begin_control(&self) -> Result<Transaction<'static, Postgres>> {
+        self.control.begin().await.map_err(backend)
     }
 
     /// Queues `change` for the other nodes: sent when `tx` commits, never if it rolls back.
@@ -265,7 +283,7 @@ impl PgStore {
 impl PgStore {
     /// Moves `node`'s running call `id` to `next`; whether it was `node`'s.
     async fn durable_own(&self, id: &str, node: &str, next: DurableState) -> Result<bool> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_control().await?;
         let json: Option<String> = sqlx::query_scalar(
             "SELECT call FROM durable_calls \
              WHERE id = $1 AND status = 'running' AND node = $2 FOR UPDATE",
@@ -282,6 +300,17 @@ impl PgStore {
         call.state = next;
         write_durable(&mut tx, &call, false).await?;
         if call.ended() {
+            // The newest ended calls of a tenant are kept, at most MAX_ENDED_KEPT of them.
+            sqlx::query(
+                "DELETE FROM durable_calls WHERE id IN (SELECT id FROM durable_calls \
+                 WHERE tenant = $1 AND ended_at_ms IS NOT NULL \
+                 ORDER BY ended_at_ms DESC OFFSET $2)",
+            )
+            .bind(&call.caller.tenant)
+            .bind(crate::MAX_ENDED_KEPT as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
             self.announce(&mut tx, Change::CallEnded).await?;
         }
         tx.commit().await.map_err(backend)?;
@@ -983,13 +1012,17 @@ impl Store for PgStore {
         let lease = lease_until_ms.saturating_sub(now_ms);
         // Each round ends at most one stalled call lost; a few rounds, then the next poll.
         for _ in 0..16 {
-            let mut tx = self.begin().await?;
+            let mut tx = self.begin_control().await?;
             let now_ms = database_now(&mut tx).await?;
             let lease_until_ms = now_ms + lease;
             let row: Option<(String, String)> = sqlx::query_as(
-                "SELECT id, call FROM durable_calls \
+                // The tenant running the fewest calls first, then the oldest call: one tenant's
+                // flood of slow calls never holds every worker while another's wait.
+                "SELECT id, call FROM durable_calls d \
                  WHERE status = 'queued' OR (status = 'running' AND lease_until_ms < $1) \
-                 ORDER BY created_at_ms LIMIT 1 FOR UPDATE SKIP LOCKED",
+                 ORDER BY (SELECT count(*) FROM durable_calls r WHERE r.tenant = d.tenant \
+                 AND r.status = 'running' AND r.lease_until_ms >= $1), created_at_ms \
+                 LIMIT 1 FOR UPDATE SKIP LOCKED",
             )
             .bind(to_i64(now_ms))
             .fetch_optional(&mut *tx)
@@ -1011,7 +1044,7 @@ impl Store for PgStore {
 
     async fn durable_renew(&self, id: &str, node: &str, lease_until_ms: u64) -> Result<bool> {
         let lease = lease_until_ms.saturating_sub(now_ms());
-        let now = database_now(&mut self.begin().await?).await?;
+        let now = database_now(&mut self.begin_control().await?).await?;
         let next = DurableState::Running {
             node: node.to_owned(),
             lease_until_ms: now + lease,
@@ -1094,7 +1127,7 @@ impl Store for PgStore {
     }
 
     async fn heartbeat(&self, node: &str, now_ms: u64) -> Result<u32> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_control().await?;
         sqlx::query(
             "INSERT INTO nodes (node, last_seen_ms) VALUES ($1, $2) \
              ON CONFLICT (node) DO UPDATE SET last_seen_ms = EXCLUDED.last_seen_ms",
@@ -1122,7 +1155,7 @@ impl Store for PgStore {
     async fn depart(&self, node: &str) -> Result<()> {
         sqlx::query("DELETE FROM nodes WHERE node = $1")
             .bind(node)
-            .execute(&self.pool)
+            .execute(&self.control)
             .await
             .map_err(backend)?;
         Ok(())

@@ -545,7 +545,16 @@ impl RedbFile {
                     calls.push(call);
                 }
             }
-            calls.sort_by_key(|call: &DurableCall| call.created_at_ms);
+            // The tenant running the fewest calls first, then the oldest call: one tenant's
+            // flood of slow calls never holds every worker while another's wait.
+            let mut running: std::collections::HashMap<String, usize> = Default::default();
+            for call in &calls {
+                if matches!(call.state, DurableState::Running { .. }) {
+                    *running.entry(call.caller.tenant.clone()).or_default() += 1;
+                }
+            }
+            let load = |call: &DurableCall| running.get(&call.caller.tenant).copied().unwrap_or(0);
+            calls.sort_by_key(|call| (load(call), call.created_at_ms));
             for mut call in calls {
                 let (changed, found) = change(&mut call);
                 if changed {
@@ -604,15 +613,27 @@ impl RedbFile {
     fn durable_purge(&self, before_ms: u64) -> Result<usize> {
         let calls: Vec<(Vec<u8>, DurableCall)> =
             readable(self.scan(DURABLE_CALLS, b"")?, "durable call");
-        let old: Vec<Vec<u8>> = calls
+        let ended_at = |call: &DurableCall| match call.state {
+            DurableState::Done { ended_at_ms, .. } | DurableState::Lost { ended_at_ms, .. } => {
+                Some(ended_at_ms)
+            }
+            _ => None,
+        };
+        let mut ended: Vec<(u64, String, Vec<u8>)> = calls
             .into_iter()
-            .filter(|(_, call)| match call.state {
-                DurableState::Done { ended_at_ms, .. } | DurableState::Lost { ended_at_ms, .. } => {
-                    ended_at_ms < before_ms
-                }
-                _ => false,
+            .filter_map(|(key, call)| Some((ended_at(&call)?, call.caller.tenant, key)))
+            .collect();
+        // Newest first: each tenant keeps its newest MAX_ENDED_KEPT.
+        ended.sort_by_key(|(at, _, _)| std::cmp::Reverse(*at));
+        let mut kept: std::collections::HashMap<String, usize> = Default::default();
+        let old: Vec<Vec<u8>> = ended
+            .into_iter()
+            .filter(|(at, tenant, _)| {
+                let count = kept.entry(tenant.clone()).or_default();
+                *count += 1;
+                *at < before_ms || *count > crate::MAX_ENDED_KEPT
             })
-            .map(|(key, _)| key)
+            .map(|(_, _, key)| key)
             .collect();
         self.write(Commit::Durable, |tx| {
             let mut table = tx.open_table(DURABLE_CALLS)?;

@@ -78,6 +78,7 @@ conformance!(
     a_durable_call_goes_to_one_claimer,
     a_stalled_durable_call_runs_again_only_while_it_has_retries,
     ended_durable_calls_are_purged,
+    a_tenant_running_fewer_durable_calls_is_served_first,
 );
 
 fn key() -> SecretsKey {
@@ -633,4 +634,29 @@ async fn rewriting_an_expired_result_over_the_quota_counts_its_bytes_once(store:
         one,
         "`b` alone, counted once"
     );
+}
+
+/// One tenant's queue of old calls does not hold every worker while another's call waits.
+async fn a_tenant_running_fewer_durable_calls_is_served_first(store: Arc<dyn Store>) {
+    for (i, id) in ["a1", "a2", "a3"].into_iter().enumerate() {
+        store
+            .durable_put(&durable(id, 0, i as u64 + 1))
+            .await
+            .unwrap();
+    }
+    let mut newer = durable("g1", 0, 10);
+    newer.caller = Caller::tenant("globex");
+    store.durable_put(&newer).await.unwrap();
+    let now = now_ms();
+    let claim = async || {
+        store
+            .durable_claim("n", now, now + 60_000)
+            .await
+            .unwrap()
+            .unwrap()
+            .id
+    };
+    assert_eq!(claim().await, "a1", "the oldest, when no tenant runs any");
+    assert_eq!(claim().await, "g1", "globex runs none, acme one");
+    assert_eq!(claim().await, "a2");
 }
