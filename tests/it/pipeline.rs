@@ -640,7 +640,22 @@ async fn a_durable_call_runs_on_one_node_and_one_left_running_is_taken_up_at_res
         // Stopped mid-call without a grace, as by a crash: the call is left to its lease.
         assert!(!host.drain(Duration::ZERO).await);
     }
-    let host = Host::open(config()).await.unwrap();
+    // The stopped call's instance is dropped on a blocking thread, which lets go of the data
+    // directory a moment after the host.
+    let mut reopened = Host::open(config()).await;
+    for _ in 0..100 {
+        if !matches!(
+            reopened,
+            Err(toolhost::OpenError::Store(
+                toolhost::StoreError::Locked { .. }
+            ))
+        ) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        reopened = Host::open(config()).await;
+    }
+    let host = reopened.unwrap();
     let status = host
         .durable_call("acme", &left_running, Duration::from_secs(10))
         .await

@@ -167,7 +167,7 @@ impl Catalog {
         let js_runtime = match js_runtime {
             Some(bytes) => {
                 let sha = sha256_hex(bytes);
-                if store.blob(&sha).await?.is_none() {
+                if !store.has_blob(&sha).await? {
                     store.put_blob(&sha, bytes).await?;
                 }
                 Some(sha)

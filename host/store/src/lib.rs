@@ -223,6 +223,10 @@ pub trait Store: Send + Sync {
 
     /// The blob with this sha256 (hex).
     async fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>>;
+    /// Whether the blob with this sha256 (hex) is stored, without reading it.
+    async fn has_blob(&self, sha: &str) -> Result<bool> {
+        Ok(self.blob(sha).await?.is_some())
+    }
     /// Stores `bytes` under `sha`, their sha256 (hex).
     async fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()>;
     /// Stores a component and its compiled artifact before any entry points at them.

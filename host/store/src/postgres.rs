@@ -541,6 +541,15 @@ impl Store for PgStore {
             .map_err(backend)
     }
 
+    /// Without fetching the bytes: the JS runtime's are megabytes, checked at every start.
+    async fn has_blob(&self, sha: &str) -> Result<bool> {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM blobs WHERE sha = $1)")
+            .bind(sha)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(backend)
+    }
+
     async fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
         // Content-addressed: the same sha is the same bytes, so a second write is a no-op.
         sqlx::query(

@@ -130,6 +130,8 @@ async fn blobs_are_collected_only_when_nothing_refers_to_them(store: Arc<dyn Sto
         store.blob("dead").await.unwrap().as_deref(),
         Some(&b"2"[..])
     );
+    assert!(store.has_blob("dead").await.unwrap());
+    assert!(!store.has_blob("never").await.unwrap());
     store
         .put_tool_entries(&[entry("a", "t", "referenced")])
         .await
