@@ -667,3 +667,58 @@ async fn a_durable_call_runs_on_one_node_and_one_left_running_is_taken_up_at_res
         "run again by the next start: {status:?}"
     );
 }
+
+/// The worst tenant fills its queue of durable calls; it is refused past the cap, naming the
+/// limit, and another tenant's calls are still queued and run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_flooding_durable_calls_is_capped_and_another_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |workers| HostConfig {
+        data_dir: Some(dir.path().to_owned()),
+        durable: toolhost::DurableConfig {
+            workers,
+            ..Default::default()
+        },
+        ..crate::plugins::config()
+    };
+    let (acme, globex) = (Caller::tenant("acme"), Caller::tenant("globex"));
+    {
+        // No workers: every call stays queued.
+        let host = Host::open(config(0)).await.unwrap();
+        for tenant in ["acme", "globex"] {
+            host.install(tenant, crate::plugins::plugin("probe"))
+                .await
+                .unwrap();
+        }
+        for _ in 0..toolhost::MAX_UNENDED_PER_TENANT {
+            host.submit(&acme, "nap", json!({"ms": 1})).await.unwrap();
+        }
+        let refused = host.submit(&acme, "nap", json!({"ms": 1})).await;
+        assert!(
+            matches!(
+                refused,
+                Err(CallError::RateLimited {
+                    limit: "durable calls",
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        let huge = json!({"ms": 1, "pad": "x".repeat(70_000)});
+        let refused = host.submit(&globex, "nap", huge).await;
+        assert!(
+            matches!(refused, Err(CallError::InvalidArgs { .. })),
+            "{refused:?}"
+        );
+        host.submit(&globex, "nap", json!({"ms": 1})).await.unwrap();
+    }
+    // With workers, globex's call runs before acme's thousand older ones are done.
+    let host = Host::open(config(2)).await.unwrap();
+    let id = host.submit(&globex, "nap", json!({"ms": 1})).await.unwrap();
+    let done = host
+        .durable_call("globex", &id, Duration::from_secs(20))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, "done", "{done:?}");
+}
