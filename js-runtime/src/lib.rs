@@ -2,10 +2,21 @@
 //! component that takes a tool's source at call time, so a new JS tool needs no compilation.
 //!
 //! A tool is an ES module whose default export is `(args, ctx) => result` (or a promise of
-//! one). A global `toolhost` object carries the host's helpers.
+//! one). Globals: the host's helpers (`toolhost`, `console`, in `toolhost_api`) and the web
+//! platform's minimum common API (`fetch`, timers, encoders, `URL`, `crypto`, …, in `web`).
+//!
+//! `init` evaluates a tool's module ahead of time so the host can snapshot this instance's
+//! memory (wasmtime-wizer): a call that starts from the snapshot finds the module ready and
+//! only runs its handler.
 
-use rquickjs::function::Rest;
-use rquickjs::{CaughtError, Context, Ctx, Exception, Function, Module, Object, Runtime, Value};
+use std::cell::RefCell;
+
+use rquickjs::{
+    CaughtError, Context, Ctx, Exception, Function, Module, Object, Persistent, Runtime, Value,
+};
+
+mod toolhost_api;
+mod web;
 
 mod bindings {
     #![allow(clippy::too_many_arguments)] // generated code
@@ -15,51 +26,69 @@ mod bindings {
     });
 }
 
-use bindings::toolhost::plugin::helpers::{self, Level};
-use bindings::toolhost::plugin::tools;
 use bindings::toolhost::plugin::types::{CallContext, ToolError};
 use bindings::{Guest, export};
 
 /// The module name errors and stacks show.
 const MODULE: &str = "tool.js";
 
+/// A tool's module, evaluated, with the runtime that holds it.
+struct Loaded {
+    source: String,
+    handler: Persistent<Function<'static>>,
+    event_loop: Persistent<Object<'static>>,
+    // Dropped last: the persistent values above live in it.
+    context: Context,
+    _runtime: Runtime,
+}
+
+thread_local! {
+    /// Set by `init`, so it is in the snapshot; a call of the same source starts from it.
+    static LOADED: RefCell<Option<Loaded>> = const { RefCell::new(None) };
+}
+
 struct JsRuntime;
 
 impl Guest for JsRuntime {
     fn describe(source: String) -> Result<String, String> {
-        with_context(
-            |e| e,
-            |ctx| {
-                let caught = |e| describe(&CaughtError::from_error(&ctx, e));
-                install_globals(&ctx).map_err(caught)?;
-                let module = Module::declare(ctx.clone(), MODULE, source).map_err(caught)?;
-                let (module, evaluated) = module.eval().map_err(caught)?;
-                evaluated.finish::<()>().map_err(caught)?;
-                let missing = || "the module has no `spec` export: `export const spec = {name, description, parameters}`";
-                let spec: Value = module.get("spec").map_err(|_| missing().to_owned())?;
-                if spec.is_undefined() {
-                    return Err(missing().into());
-                }
-                match ctx.json_stringify(spec).map_err(caught)? {
-                    Some(text) => text.to_string().map_err(caught),
-                    None => Err("`spec` has no JSON form".into()),
-                }
-            },
-        )
+        let (runtime, context) = start()?;
+        let _runtime = runtime;
+        context.with(|ctx| {
+            let caught = |e| describe(&CaughtError::from_error(&ctx, e));
+            web::begin_call();
+            install_globals(&ctx).map_err(caught)?;
+            let module = evaluate(&ctx, source).map_err(caught)?;
+            let missing = || "the module has no `spec` export: `export const spec = {name, description, parameters}`";
+            let spec: Value = module.get("spec").map_err(|_| missing().to_owned())?;
+            if spec.is_undefined() {
+                return Err(missing().into());
+            }
+            match ctx.json_stringify(spec).map_err(caught)? {
+                Some(text) => text.to_string().map_err(caught),
+                None => Err("`spec` has no JSON form".into()),
+            }
+        })
+    }
+
+    fn init(source: String) -> Result<(), String> {
+        let loaded = load(source).map_err(|e| match e {
+            ToolError::Failed(message) | ToolError::InvalidArgs(message) => message,
+        })?;
+        LOADED.with(|slot| *slot.borrow_mut() = Some(loaded));
+        Ok(())
     }
 
     fn run(source: String, args: String, call: CallContext) -> Result<String, ToolError> {
-        with_context(ToolError::Failed, |ctx| {
+        web::begin_call();
+        let loaded = match LOADED.with(|slot| slot.borrow_mut().take()) {
+            Some(loaded) if loaded.source == source => loaded,
+            _ => load(source)?,
+        };
+        let context = loaded.context.clone();
+        let result = context.with(|ctx| {
             let caught = |e| ToolError::Failed(describe(&CaughtError::from_error(&ctx, e)));
-            install_globals(&ctx).map_err(caught)?;
-            let module = Module::declare(ctx.clone(), MODULE, source).map_err(caught)?;
-            let (module, evaluated) = module.eval().map_err(caught)?;
-            evaluated.finish::<()>().map_err(caught)?;
-            let handler: Function = module.get("default").map_err(|_| {
-                ToolError::Failed(
-                    "the module has no default export: `export default (args, ctx) => …`".into(),
-                )
-            })?;
+            let handler = loaded.handler.clone().restore(&ctx).map_err(caught)?;
+            let event_loop = loaded.event_loop.clone().restore(&ctx).map_err(caught)?;
             let args = ctx.json_parse(args).map_err(caught)?;
             let call_ctx = Object::new(ctx.clone()).map_err(caught)?;
             call_ctx.set("tenant", call.tenant).map_err(caught)?;
@@ -67,27 +96,101 @@ impl Guest for JsRuntime {
             call_ctx.set("tool", call.tool).map_err(caught)?;
             let data = ctx.json_parse(call.data).map_err(caught)?;
             call_ctx.set("data", data).map_err(caught)?;
-            let mut result: Value = handler.call((args, call_ctx)).map_err(caught)?;
-            if let Some(promise) = result.as_promise() {
-                result = promise.finish::<Value>().map_err(caught)?;
-            }
+            let result: Value = handler.call((args, call_ctx)).map_err(caught)?;
+            let result = settle(&ctx, &event_loop, result).map_err(caught)?;
             match ctx.json_stringify(result).map_err(caught)? {
                 Some(text) => text.to_string().map_err(caught),
                 // `undefined` (or a function) has no JSON form.
                 None => Ok("null".to_owned()),
             }
-        })
+        });
+        // Kept rather than freed: tearing QuickJS down costs more than the call, and the
+        // instance ends with the call anyway.
+        LOADED.with(|slot| *slot.borrow_mut() = Some(loaded));
+        result
     }
 }
 
-/// A fresh QuickJS runtime and context for one call (the instance is fresh anyway).
-fn with_context<T, E>(
-    fail: impl Fn(String) -> E,
-    f: impl FnOnce(Ctx<'_>) -> Result<T, E>,
-) -> Result<T, E> {
-    let runtime = Runtime::new().map_err(|e| fail(format!("starting QuickJS: {e}")))?;
-    let context = Context::full(&runtime).map_err(|e| fail(format!("starting QuickJS: {e}")))?;
-    context.with(f)
+/// A fresh QuickJS runtime and context.
+fn start() -> Result<(Runtime, Context), String> {
+    let runtime = Runtime::new().map_err(|e| format!("starting QuickJS: {e}"))?;
+    let context = Context::full(&runtime).map_err(|e| format!("starting QuickJS: {e}"))?;
+    Ok((runtime, context))
+}
+
+/// A runtime with the globals installed and `source` evaluated.
+fn load(source: String) -> Result<Loaded, ToolError> {
+    let (runtime, context) = start().map_err(ToolError::Failed)?;
+    let (handler, event_loop) = context.with(|ctx| {
+        let caught = |e| ToolError::Failed(describe(&CaughtError::from_error(&ctx, e)));
+        let event_loop = install_globals(&ctx).map_err(caught)?;
+        let module = evaluate(&ctx, source.clone()).map_err(caught)?;
+        let handler: Function = module.get("default").map_err(|_| {
+            ToolError::Failed(
+                "the module has no default export: `export default (args, ctx) => …`".into(),
+            )
+        })?;
+        Ok::<_, ToolError>((
+            Persistent::save(&ctx, handler),
+            Persistent::save(&ctx, event_loop),
+        ))
+    })?;
+    Ok(Loaded {
+        source,
+        handler,
+        event_loop,
+        context,
+        _runtime: runtime,
+    })
+}
+
+/// The host's helpers and the web platform; returns the event loop's hooks.
+fn install_globals<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Object<'js>> {
+    toolhost_api::install(ctx)?;
+    web::install(ctx)
+}
+
+/// Declares and evaluates the tool's module, running its top-level `await`s to the end.
+fn evaluate<'js>(
+    ctx: &Ctx<'js>,
+    source: String,
+) -> rquickjs::Result<Module<'js, rquickjs::module::Evaluated>> {
+    let module = Module::declare(ctx.clone(), MODULE, source)?;
+    let (module, evaluated) = module.eval()?;
+    evaluated.finish::<()>()?;
+    Ok(module)
+}
+
+/// The value a handler's promise settles to: runs queued jobs, and sleeps until the next
+/// timer while the promise waits on one. The host's deadline bounds the whole wait.
+fn settle<'js>(
+    ctx: &Ctx<'js>,
+    event_loop: &Object<'js>,
+    value: Value<'js>,
+) -> rquickjs::Result<Value<'js>> {
+    let Some(promise) = value.as_promise().cloned() else {
+        return Ok(value);
+    };
+    let next: Function = event_loop.get("next")?;
+    let fire: Function = event_loop.get("fire")?;
+    loop {
+        while ctx.execute_pending_job() {}
+        if let Some(result) = promise.result::<Value>() {
+            return result;
+        }
+        match next.call::<_, Option<f64>>(())? {
+            Some(wait_ms) => {
+                web::sleep_ms(wait_ms);
+                fire.call::<_, ()>(())?;
+            }
+            None => {
+                return Err(Exception::throw_message(
+                    ctx,
+                    "the handler's promise never settles: no timer or other pending work is left that could settle it",
+                ));
+            }
+        }
+    }
 }
 
 /// `Name: message` and the stack, with the line and column of `tool.js` where there is one.
@@ -126,115 +229,8 @@ fn describe(error: &CaughtError<'_>) -> String {
             }
             text
         }
-        CaughtError::Value(value) => format!("uncaught: {value:?}"),
+        CaughtError::Value(value) => format!("uncaught: {}", toolhost_api::display(value)),
         CaughtError::Error(error) => error.to_string(),
-    }
-}
-
-fn throw(ctx: &Ctx<'_>, message: &str) -> rquickjs::Error {
-    Exception::throw_message(ctx, message)
-}
-
-/// `toolhost.log/kv/config/callTool` and `console.log`.
-fn install_globals(ctx: &Ctx<'_>) -> rquickjs::Result<()> {
-    let host = Object::new(ctx.clone())?;
-    host.set("log", Function::new(ctx.clone(), log)?)?;
-    let kv = Object::new(ctx.clone())?;
-    kv.set("get", Function::new(ctx.clone(), kv_get)?)?;
-    kv.set("set", Function::new(ctx.clone(), kv_set)?)?;
-    kv.set("delete", Function::new(ctx.clone(), kv_delete)?)?;
-    host.set("kv", kv)?;
-    let config = Object::new(ctx.clone())?;
-    config.set("get", Function::new(ctx.clone(), config_get)?)?;
-    host.set("config", config)?;
-    host.set("callTool", Function::new(ctx.clone(), call_tool)?)?;
-    ctx.globals().set("toolhost", host)?;
-
-    let console = Object::new(ctx.clone())?;
-    console.set("log", Function::new(ctx.clone(), console_info)?)?;
-    console.set("info", Function::new(ctx.clone(), console_info)?)?;
-    console.set("debug", Function::new(ctx.clone(), console_debug)?)?;
-    console.set("warn", Function::new(ctx.clone(), console_warn)?)?;
-    console.set("error", Function::new(ctx.clone(), console_error)?)?;
-    ctx.globals().set("console", console)?;
-    Ok(())
-}
-
-fn log(level: String, message: String) {
-    helpers::log(level_of(&level), &message);
-}
-
-fn kv_get(ctx: Ctx<'_>, key: String) -> rquickjs::Result<Option<String>> {
-    match helpers::kv_get(&key) {
-        Ok(value) => Ok(value.map(|bytes| String::from_utf8_lossy(&bytes).into_owned())),
-        Err(e) => Err(throw(&ctx, &e)),
-    }
-}
-
-fn kv_set(ctx: Ctx<'_>, key: String, value: String) -> rquickjs::Result<()> {
-    helpers::kv_set(&key, value.as_bytes()).map_err(|e| throw(&ctx, &e))
-}
-
-fn kv_delete(ctx: Ctx<'_>, key: String) -> rquickjs::Result<bool> {
-    helpers::kv_delete(&key).map_err(|e| throw(&ctx, &e))
-}
-
-fn config_get(ctx: Ctx<'_>, key: String) -> rquickjs::Result<Option<String>> {
-    helpers::config_get(&key).map_err(|e| throw(&ctx, &e))
-}
-
-/// The other tool's result, or a thrown `Error("code: message")`.
-fn call_tool<'js>(ctx: Ctx<'js>, name: String, args: Value<'js>) -> rquickjs::Result<Value<'js>> {
-    let text = ctx
-        .json_stringify(args)?
-        .map_or_else(|| Ok("{}".to_owned()), |s| s.to_string())?;
-    match tools::call_tool(&name, &text) {
-        Ok(result) => ctx.json_parse(result),
-        Err(e) => Err(throw(&ctx, &e)),
-    }
-}
-
-fn console_line(level: Level, parts: Rest<Value<'_>>) {
-    let line: Vec<String> = parts.0.iter().map(display).collect();
-    helpers::log(level, &line.join(" "));
-}
-
-fn console_info(parts: Rest<Value<'_>>) {
-    console_line(Level::Info, parts);
-}
-
-fn console_debug(parts: Rest<Value<'_>>) {
-    console_line(Level::Debug, parts);
-}
-
-fn console_warn(parts: Rest<Value<'_>>) {
-    console_line(Level::Warn, parts);
-}
-
-fn console_error(parts: Rest<Value<'_>>) {
-    console_line(Level::Error, parts);
-}
-
-fn display(value: &Value<'_>) -> String {
-    if let Some(s) = value.as_string() {
-        return s.to_string().unwrap_or_default();
-    }
-    value
-        .ctx()
-        .json_stringify(value.clone())
-        .ok()
-        .flatten()
-        .and_then(|s| s.to_string().ok())
-        .unwrap_or_else(|| format!("{value:?}"))
-}
-
-fn level_of(level: &str) -> Level {
-    match level {
-        "trace" => Level::Trace,
-        "debug" => Level::Debug,
-        "warn" => Level::Warn,
-        "error" => Level::Error,
-        _ => Level::Info,
     }
 }
 

@@ -9,6 +9,7 @@ mod faults;
 mod grants;
 mod http_tools;
 mod isolation;
+mod js_platform;
 mod js_tools;
 mod mcp;
 mod pipeline;

@@ -236,8 +236,10 @@ impl Tool {
     }
 }
 
+/// Outbound HTTP through `wasi:http` (the `http` feature). The host sends a request only to
+/// destinations the tenant granted this tool; any other gets an error that says it was denied.
 #[cfg(feature = "http")]
-pub mod http;
+pub use toolhost_guest_http as http;
 
 /// Other tools of the same tenant, called through the host's whole pipeline (validation,
 /// policy, limits), within this call's remaining time and fuel.

@@ -1,5 +1,6 @@
-//! Outbound HTTP through `wasi:http` (the `http` feature). The host sends a request only to
-//! destinations the tenant granted this tool; any other gets an error that says it was denied.
+//! Outbound HTTP through `wasi:http`, for guests: the Rust SDK's `http` module and the JS
+//! runtime's `fetch`. The host sends a request only to destinations the tenant granted this
+//! tool; any other gets an error that says it was denied.
 
 use wasip2::http::outgoing_handler;
 use wasip2::http::types::{
@@ -34,16 +35,31 @@ pub fn request(
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> Result<Response, String> {
+    let headers: Vec<(String, Vec<u8>)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    send(method, url, &headers, body)
+}
+
+/// [`request`] with header values as bytes. A body's `content-length` is set here.
+pub fn send(
+    method: &str,
+    url: &str,
+    headers: &[(String, Vec<u8>)],
+    body: Option<&[u8]>,
+) -> Result<Response, String> {
     let (scheme, rest) = match url.split_once("://") {
         Some(("https", rest)) => (Scheme::Https, rest),
         Some(("http", rest)) => (Scheme::Http, rest),
         _ => return Err(format!("{url}: only http:// and https:// URLs")),
     };
     let (authority, path) = rest.find('/').map_or((rest, "/"), |at| rest.split_at(at));
-    let fields: Vec<(String, Vec<u8>)> = headers
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
-        .collect();
+    let mut fields = headers.to_vec();
+    if let Some(body) = body {
+        fields.retain(|(name, _)| !name.eq_ignore_ascii_case("content-length"));
+        fields.push(("content-length".into(), body.len().to_string().into_bytes()));
+    }
     let fields = Fields::from_list(&fields).map_err(|e| format!("headers: {e:?}"))?;
     let outgoing = OutgoingRequest::new(fields);
     let method = match method.to_ascii_uppercase().as_str() {
