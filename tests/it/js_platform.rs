@@ -480,3 +480,55 @@ async fn url_passes_the_web_platform_tests_that_the_url_crate_passes() {
         unexpected.join("\n")
     );
 }
+
+/// Calls that started from a pre-initialised snapshot, from the host's metrics.
+fn snapshot_calls(host: &Host) -> u64 {
+    let text = host.metrics().render();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("toolhost_component_loads_total{source=\"snapshot\"}"))
+        .unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_js_tool_is_pre_initialised_and_answers_from_its_snapshot_with_fresh_state() {
+    let host = host(EgressConfig::default()).await;
+    let source = "const loadedAt = Date.now(); let calls = 0;\n\
+                  export const spec = { name: 'fresh', description: 'A test tool.', parameters: { type: 'object' } };\n\
+                  export default () => ({ loadedAt, calls: ++calls, random: Math.random(), uuid: crypto.randomUUID(), \
+                  now: performance.now(), origin: performance.timeOrigin });";
+    host.install_js("acme", source).await.unwrap();
+    let example = crate::plugins::root().join("plugins/js-source/word_count.js");
+    host.install_js("acme", &std::fs::read_to_string(example).unwrap())
+        .await
+        .unwrap();
+    // Snapshots are built in the background, one at a time; calls meanwhile run as before.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while snapshot_calls(&host) < 2 {
+        assert!(std::time::Instant::now() < deadline, "no snapshot was used");
+        result(&host, "fresh", json!({})).await;
+        result(&host, "js_word_count", json!({"text": "a b a"})).await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let before = snapshot_calls(&host);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as f64;
+    let one = result(&host, "fresh", json!({})).await;
+    let two = result(&host, "fresh", json!({})).await;
+    assert_eq!(snapshot_calls(&host), before + 2);
+    // Top-level code ran once, in the snapshot; each call starts from it afresh...
+    assert_eq!(one["loadedAt"], two["loadedAt"]);
+    assert_eq!((one["calls"].clone(), two["calls"].clone()), (json!(1), json!(1)));
+    // ...with its own randomness and clocks.
+    assert_ne!(one["random"], two["random"]);
+    assert_ne!(one["uuid"], two["uuid"]);
+    assert!(one["now"].as_f64().unwrap() < 1_000.0, "{one}");
+    assert!(two["origin"].as_f64().unwrap() >= started, "{two} vs {started}");
+    assert_eq!(
+        result(&host, "js_word_count", json!({"text": "the cat and the hat"})).await,
+        json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}})
+    );
+}

@@ -70,6 +70,10 @@ impl Components {
         &self.sandbox
     }
 
+    pub fn sandbox_arc(&self) -> Arc<Sandbox> {
+        self.sandbox.clone()
+    }
+
     /// Linked components in memory now.
     pub fn loaded(&self) -> usize {
         self.loaded.len()

@@ -65,6 +65,10 @@ pub struct HostConfig {
     /// The JavaScript runtime component (`scripts/build-js-runtime`) that runs stored-source
     /// JS tools; without it `install_js` refuses.
     pub js_runtime: Option<Vec<u8>>,
+    /// JS tools kept pre-initialised on this node (a snapshot with the module evaluated, ~5 MB
+    /// of compiled code each), at most `MAX_JS_SNAPSHOTS_PER_TENANT` per tenant; past this the
+    /// least recently used is dropped. 0: every call starts QuickJS and evaluates the module.
+    pub js_snapshots: usize,
 }
 
 impl Default for HostConfig {
@@ -86,6 +90,7 @@ impl Default for HostConfig {
             egress: EgressConfig::default(),
             files_dir: None,
             js_runtime: None,
+            js_snapshots: 64,
         }
     }
 }

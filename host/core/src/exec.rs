@@ -19,8 +19,9 @@ use toolhost_store::{SourceKind, Store};
 use crate::catalog::JsSource;
 use crate::components::Components;
 use crate::grants::{self, TenantFiles};
+use crate::js_snapshots::JsSnapshots;
 use crate::http_tool::HttpRequestDef;
-use crate::metrics::Metrics;
+use crate::metrics::{ComponentSource, Metrics};
 use crate::registry::{NativeTool, TenantTool};
 
 /// A tool's own error message is cut to this many characters.
@@ -39,6 +40,8 @@ pub(crate) struct Executors {
     http_requests: Mutex<HashMap<String, Arc<HttpRequestDef>>>,
     /// Stored JS sources by blob sha256.
     js_sources: Mutex<HashMap<String, Arc<JsSource>>>,
+    /// JS tools pre-initialised on this node.
+    js_snapshots: Arc<JsSnapshots>,
     metrics: Arc<Metrics>,
 }
 
@@ -48,9 +51,15 @@ impl Executors {
         store: Arc<dyn Store>,
         egress: EgressConfig,
         files_dir: Option<PathBuf>,
+        js_snapshots: usize,
         metrics: Arc<Metrics>,
     ) -> Self {
         Executors {
+            js_snapshots: Arc::new(JsSnapshots::new(
+                components.clone(),
+                store.clone(),
+                js_snapshots,
+            )),
             components,
             store,
             egress: Arc::new(egress),
@@ -58,6 +67,17 @@ impl Executors {
             http_requests: Mutex::default(),
             js_sources: Mutex::default(),
             metrics,
+        }
+    }
+
+    /// Starts pre-initialising a JS tool on this node (see [`JsSnapshots`]).
+    pub async fn pre_initialize(&self, tool: &TenantTool) {
+        if tool.version.kind != SourceKind::Js {
+            return;
+        }
+        let sha = &tool.version.component;
+        if let Ok(js) = self.parsed_blob(&self.js_sources, sha, "JS source").await {
+            self.js_snapshots.request(&tool.tenant, sha, js);
         }
     }
 
@@ -128,9 +148,23 @@ impl Executors {
         let component = js
             .as_ref()
             .map_or(&tool.version.component, |js| &js.runtime);
-        let prepared = match self.components.prepared(component).await {
-            Ok(prepared) => prepared,
-            Err(message) => return internal(message),
+        let snapshot = js.as_ref().and_then(|js| {
+            let sha = &tool.version.component;
+            let ready = self.js_snapshots.ready(sha);
+            if ready.is_none() {
+                self.js_snapshots.request(&tool.tenant, sha, js.clone());
+            }
+            ready
+        });
+        let prepared = match snapshot {
+            Some(prepared) => {
+                self.metrics.component_loaded(ComponentSource::Snapshot);
+                prepared
+            }
+            None => match self.components.prepared(component).await {
+                Ok(prepared) => prepared,
+                Err(message) => return internal(message),
+            },
         };
         let args = args.to_string();
         let entry = match &js {

@@ -18,7 +18,7 @@ use toolhost_store::{KeyRecord, RedbStore, Store, StoreError, ToolEntry, now_ms}
 
 use crate::admission::{Admission, Shares};
 use crate::approval::{ApprovalError, Approvals, PendingCall};
-use crate::catalog::{Catalog, ToolInfo};
+use crate::catalog::{Catalog, Resolved, ToolInfo};
 use crate::components::Components;
 use crate::config::HostConfig;
 use crate::durable::{self, DurableStatus};
@@ -99,6 +99,7 @@ impl Host {
             store.clone(),
             config.egress,
             files_dir,
+            config.js_snapshots,
             metrics.clone(),
         );
         let approvals = Arc::new(Approvals::load(store.clone()).await?);
@@ -178,11 +179,16 @@ impl Host {
     /// Installs a stored-source JavaScript tool: an ES module that exports its `spec` and,
     /// as default, the handler `(args, ctx) => result`. It runs on the host's JS runtime, so
     /// it is callable at once: nothing is compiled. The module is evaluated once here, under
-    /// the default limits, to read its spec; a syntax error names the line and column.
+    /// the default limits, to read its spec; a syntax error names the line and column. Then,
+    /// in the background, it is pre-initialised: later calls start with the module ready.
     pub async fn install_js(&self, tenant: &str, source: &str) -> Result<ToolSpec, InstallError> {
         let _admitted = self.pipeline.admit_install(tenant).await?;
         let quota = self.policy(tenant).await.code_quota();
-        self.catalog.install_js(tenant, source, quota).await
+        let spec = self.catalog.install_js(tenant, source, quota).await?;
+        if let Some(Resolved::Tenant(tool)) = self.catalog.resolve(tenant, &spec.name) {
+            self.pipeline.exec.pre_initialize(&tool).await;
+        }
+        Ok(spec)
     }
 
     /// Tools an agent of `tenant` may see: natives, then the tenant's own. Private ones are left out.

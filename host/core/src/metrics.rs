@@ -27,6 +27,8 @@ pub enum ComponentSource {
     Artifact,
     /// Compiled from the stored component.
     Compiled,
+    /// A JS tool's pre-initialised snapshot, in memory.
+    Snapshot,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -65,7 +67,7 @@ impl Default for Metrics {
             registry: Registry::default(),
         };
         // Known label values start at 0, so a rate over them is defined from the start.
-        for source in ["memory", "artifact", "compiled"] {
+        for source in ["memory", "artifact", "compiled", "snapshot"] {
             metrics
                 .component_loads
                 .get_or_create(&Source { source })
@@ -120,7 +122,7 @@ impl Metrics {
         );
         registry.register(
             "toolhost_component_loads",
-            "Where calls found their compiled component: memory and artifact are compile cache hits",
+            "Where calls found their compiled component: memory and artifact are compile cache hits; snapshot is a pre-initialised JS tool",
             self.component_loads.clone(),
         );
     }
@@ -154,6 +156,7 @@ impl Metrics {
             ComponentSource::Memory => "memory",
             ComponentSource::Artifact => "artifact",
             ComponentSource::Compiled => "compiled",
+            ComponentSource::Snapshot => "snapshot",
         };
         self.component_loads.get_or_create(&Source { source }).inc();
     }

@@ -16,6 +16,7 @@ pub mod helpers;
 mod outbound;
 mod redact;
 mod sandbox;
+pub mod snapshot;
 pub mod turns;
 
 pub use files::FilesBudget;

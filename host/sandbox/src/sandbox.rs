@@ -72,7 +72,7 @@ mod js_bindings {
 }
 
 pub use bindings::toolhost::plugin::types::{ToolDef as GuestToolDef, ToolError as GuestToolError};
-use js_bindings::JsRuntimePre;
+pub(crate) use js_bindings::{JsRuntime, JsRuntimePre};
 
 /// The most memory one call's tables may hold, in elements.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
@@ -230,7 +230,7 @@ pub struct Run<T> {
 }
 
 impl<T> Run<T> {
-    fn host_fault(message: &str) -> Self {
+    pub(crate) fn host_fault(message: &str) -> Self {
         Run {
             result: Err(Fault::Host(message.to_owned())),
             fuel_used: 0,
@@ -244,7 +244,7 @@ pub struct Prepared {
     /// Set for a tool component (the `plugin` world).
     plugin: Option<PluginPre>,
     /// Set for the JavaScript runtime (the `js-runtime` world).
-    js: Option<JsRuntimePre<CallState>>,
+    pub(crate) js: Option<JsRuntimePre<CallState>>,
 }
 
 /// A tool component, of the `toolhost:plugin` version it was built against.
@@ -494,7 +494,7 @@ impl Sandbox {
     }
 
     /// Instantiates, runs `entry` under `limits`, and drops the instance.
-    async fn run<T>(
+    pub(crate) async fn run<T>(
         &self,
         tenant: &str,
         limits: &Limits,
@@ -545,7 +545,7 @@ impl Sandbox {
         let execution = entry(&mut store);
         // The epoch deadline stops guest code; this stops a guest blocked in a host call.
         let outcome = tokio::time::timeout_at(deadline.into(), execution).await;
-        let fuel_used = limits.fuel - store.get_fuel().unwrap_or(0);
+        let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         let result = match outcome {
             Err(_elapsed) => Err(Fault::Timeout),
             Ok(Ok(value)) => Ok(value),
@@ -563,7 +563,7 @@ impl Sandbox {
 
 /// The CPU turns of guests that run while a tenant installs (`list-tools`, a JS module's
 /// spec): one group for all.
-const INSTALLS: &str = "";
+pub(crate) const INSTALLS: &str = "";
 
 /// Bytes of each recycled memory and table kept resident (zeroed in place) between calls.
 const KEEP_RESIDENT_BYTES: usize = 64 << 10;
