@@ -20,35 +20,83 @@
   };
   class DOMException extends Error {
     #name;
+    #message;
     constructor(message = "", name = "Error") {
       super(String(message));
+      delete this.message;
+      this.#message = String(message);
       this.#name = String(name);
     }
     get name() { return this.#name; }
+    get message() { return this.#message; }
     get code() { return codes[this.#name] ?? 0; }
   }
+  // WebIDL attributes are enumerable, and brand-checked (the private fields throw).
+  for (const name of ["name", "message", "code"]) {
+    Object.defineProperty(DOMException.prototype, name, { ...Object.getOwnPropertyDescriptor(DOMException.prototype, name), enumerable: true });
+  }
+  const LEGACY_CODES = [
+    "INDEX_SIZE_ERR", "DOMSTRING_SIZE_ERR", "HIERARCHY_REQUEST_ERR", "WRONG_DOCUMENT_ERR", "INVALID_CHARACTER_ERR",
+    "NO_DATA_ALLOWED_ERR", "NO_MODIFICATION_ALLOWED_ERR", "NOT_FOUND_ERR", "NOT_SUPPORTED_ERR", "INUSE_ATTRIBUTE_ERR",
+    "INVALID_STATE_ERR", "SYNTAX_ERR", "INVALID_MODIFICATION_ERR", "NAMESPACE_ERR", "INVALID_ACCESS_ERR", "VALIDATION_ERR",
+    "TYPE_MISMATCH_ERR", "SECURITY_ERR", "NETWORK_ERR", "ABORT_ERR", "URL_MISMATCH_ERR", "QUOTA_EXCEEDED_ERR",
+    "TIMEOUT_ERR", "INVALID_NODE_TYPE_ERR", "DATA_CLONE_ERR",
+  ];
+  // WebIDL constants: on the interface and its prototype, enumerable and read-only.
+  LEGACY_CODES.forEach((name, i) => {
+    for (const target of [DOMException, DOMException.prototype]) {
+      Object.defineProperty(target, name, { value: i + 1, enumerable: true });
+    }
+  });
 
   // --- Event, EventTarget -------------------------------------------------------------------
   class Event {
     #type;
     #target = null;
     #canceled = false;
+    #trusted = false;
+    #dispatching = false;
+    #bubbles;
+    #cancelable;
+    #composed;
+    #timeStamp = native.now();
     constructor(type, init = {}) {
       if (arguments.length === 0) throw new TypeError("Event needs a type");
       this.#type = String(type);
-      this.cancelable = !!init?.cancelable;
-      this.timeStamp = native.now();
+      this.#bubbles = !!init?.bubbles;
+      this.#cancelable = !!init?.cancelable;
+      this.#composed = !!init?.composed;
     }
     get type() { return this.#type; }
     get target() { return this.#target; }
-    get currentTarget() { return this.#target; }
+    get currentTarget() { return this.#dispatching ? this.#target : null; }
+    get srcElement() { return this.#target; }
+    get eventPhase() { return this.#dispatching ? 2 : 0; }
+    get bubbles() { return this.#bubbles; }
+    get cancelable() { return this.#cancelable; }
+    get composed() { return this.#composed; }
+    get isTrusted() { return this.#trusted; }
+    get timeStamp() { return this.#timeStamp; }
     get defaultPrevented() { return this.#canceled; }
-    preventDefault() { if (this.cancelable) this.#canceled = true; }
+    get returnValue() { return !this.#canceled; }
+    preventDefault() { if (this.#cancelable) this.#canceled = true; }
+    composedPath() { return this.#dispatching ? [this.#target] : []; }
     stopPropagation() {}
     stopImmediatePropagation() {}
-    static { setTarget = (event, target) => { event.#target = target; }; }
+    static {
+      startDispatch = (event, target) => {
+        event.#target = target;
+        event.#dispatching = true;
+      };
+      endDispatch = (event) => void (event.#dispatching = false);
+      trustedEvent = (type) => {
+        const event = new Event(type);
+        event.#trusted = true;
+        return event;
+      };
+    }
   }
-  var setTarget;
+  var startDispatch, endDispatch, trustedEvent;
 
   class EventTarget {
     #listeners = new Map();
@@ -70,7 +118,7 @@
     }
     dispatchEvent(event) {
       if (!(event instanceof Event)) throw new TypeError("dispatchEvent needs an Event");
-      setTarget(event, this);
+      startDispatch(event, this);
       const handler = this[`on${event.type}`];
       const listeners = [...(this.#listeners.get(event.type) ?? [])];
       if (typeof handler === "function") listeners.unshift({ listener: handler, once: false });
@@ -83,6 +131,7 @@
           report(error);
         }
       }
+      endDispatch(event);
       return !event.defaultPrevented;
     }
   }
@@ -93,6 +142,9 @@
   class AbortSignal extends EventTarget {
     #aborted = false;
     #reason = undefined;
+    // For `AbortSignal.any`: the signals this one follows, and those that follow it.
+    #sources = null;
+    #dependents = [];
     constructor(key) {
       if (key !== internal) throw new TypeError("Illegal constructor");
       super();
@@ -113,21 +165,39 @@
     }
     static any(signals) {
       const signal = new AbortSignal(internal);
+      signal.#sources = [];
       for (const source of signals) {
-        if (source.aborted) {
-          signalAbort(signal, source.reason);
-          break;
+        if (!(source instanceof AbortSignal)) throw new TypeError("AbortSignal.any takes AbortSignals");
+        if (source.#aborted) {
+          signal.#aborted = true;
+          signal.#reason = source.#reason;
+          return signal;
         }
-        source.addEventListener("abort", () => signalAbort(signal, source.reason), { once: true });
+      }
+      // A composite signal follows the originating signals, never another composite.
+      for (const source of signals) {
+        for (const origin of source.#sources ?? [source]) {
+          if (!signal.#sources.includes(origin)) {
+            signal.#sources.push(origin);
+            origin.#dependents.push(signal);
+          }
+        }
       }
       return signal;
     }
     static {
+      // The DOM's "signal abort": every dependent is aborted before any event fires.
       signalAbort = (signal, reason) => {
         if (signal.#aborted) return;
         signal.#aborted = true;
         signal.#reason = reason === undefined ? new DOMException("This operation was aborted", "AbortError") : reason;
-        signal.dispatchEvent(new Event("abort"));
+        const dependents = signal.#dependents.filter((dependent) => !dependent.#aborted);
+        for (const dependent of dependents) {
+          dependent.#aborted = true;
+          dependent.#reason = signal.#reason;
+        }
+        signal.dispatchEvent(trustedEvent("abort"));
+        for (const dependent of dependents) dependent.dispatchEvent(trustedEvent("abort"));
       };
     }
   }
@@ -217,31 +287,65 @@
       return writeUtf8(String(source).toWellFormed(), destination, 0);
     }
   }
-  const utf8Labels = new Set(["unicode-1-1-utf-8", "unicode11utf8", "unicode20utf8", "utf-8", "utf8", "x-unicode20utf8"]);
-  // How many bytes at the end of `bytes` start a character that the next chunk completes.
+  // The Encoding Standard's labels of the encodings decoded here: UTF-8 and UTF-16.
+  const ENCODINGS = new Map([
+    ...["unicode-1-1-utf-8", "unicode11utf8", "unicode20utf8", "utf-8", "utf8", "x-unicode20utf8"].map((l) => [l, "utf-8"]),
+    ...["csunicode", "iso-10646-ucs-2", "ucs-2", "unicode", "unicodefeff", "utf-16", "utf-16le"].map((l) => [l, "utf-16le"]),
+    ...["unicodefffe", "utf-16be"].map((l) => [l, "utf-16be"]),
+  ]);
+  const BOMS = { "utf-8": [0xef, 0xbb, 0xbf], "utf-16le": [0xff, 0xfe], "utf-16be": [0xfe, 0xff] };
+  // UTF-16 to a string: U+FFFD for each unpaired surrogate and a final odd byte, or null for
+  // either when `fatal`.
+  const decodeUtf16 = (bytes, bigEndian, fatal) => {
+    const units = new Uint16Array(bytes.length >> 1);
+    for (let i = 0; i < units.length; i++) {
+      const [a, b] = [bytes[2 * i], bytes[2 * i + 1]];
+      units[i] = bigEndian ? (a << 8) | b : a | (b << 8);
+    }
+    let text = "";
+    for (let i = 0; i < units.length; i += 8192) text += String.fromCharCode(...units.subarray(i, i + 8192));
+    if (fatal && (!text.isWellFormed() || bytes.length % 2)) return null;
+    return text.toWellFormed() + (bytes.length % 2 ? "\uFFFD" : "");
+  };
+  // UTF-16 bytes at the end that the next chunk may complete: an odd byte, a lead surrogate.
+  const incompleteUtf16 = (bytes, bigEndian) => {
+    let keep = bytes.length % 2;
+    const at = bytes.length - keep - 2;
+    const unit = at < 0 ? 0 : bigEndian ? (bytes[at] << 8) | bytes[at + 1] : bytes[at] | (bytes[at + 1] << 8);
+    if (unit >= 0xd800 && unit <= 0xdbff) keep += 2;
+    return keep;
+  };
+  // How many bytes at the end of `bytes` start a character that the next chunk may complete
+  // (a valid prefix of one, as the Encoding Standard's UTF-8 decoder accepts them).
   const incompleteTail = (bytes) => {
     for (let back = 1; back <= Math.min(3, bytes.length); back++) {
-      const b = bytes[bytes.length - back];
-      if ((b & 0xc0) === 0x80) continue;
-      const need = b >= 0xf0 && b <= 0xf4 ? 4 : b >= 0xe0 ? 3 : b >= 0xc2 ? 2 : 1;
-      return need > back ? back : 0;
+      const at = bytes.length - back;
+      const lead = bytes[at];
+      if ((lead & 0xc0) === 0x80) continue;
+      const need = lead >= 0xf0 && lead <= 0xf4 ? 4 : lead >= 0xe0 && lead <= 0xef ? 3 : lead >= 0xc2 && lead <= 0xdf ? 2 : 1;
+      if (need <= back) return 0;
+      const [low, high] = lead === 0xe0 ? [0xa0, 0xbf] : lead === 0xed ? [0x80, 0x9f] : lead === 0xf0 ? [0x90, 0xbf] : lead === 0xf4 ? [0x80, 0x8f] : [0x80, 0xbf];
+      if (back > 1 && (bytes[at + 1] < low || bytes[at + 1] > high)) return 0;
+      return back;
     }
     return 0;
   };
   class TextDecoder {
+    #encoding;
     #fatal;
     #ignoreBOM;
     #pending = new Uint8Array(0);
     // Whether the stream's first bytes (and so its BOM, if any) are behind us.
     #begun = false;
     constructor(label = "utf-8", options = {}) {
-      if (!utf8Labels.has(String(label).trim().toLowerCase())) {
-        throw new RangeError(`TextDecoder: the encoding "${label}" is not supported (only UTF-8)`);
+      this.#encoding = ENCODINGS.get(String(label).trim().toLowerCase());
+      if (!this.#encoding) {
+        throw new RangeError(`TextDecoder: the encoding "${label}" is not supported (UTF-8 and UTF-16 are)`);
       }
       this.#fatal = !!options?.fatal;
       this.#ignoreBOM = !!options?.ignoreBOM;
     }
-    get encoding() { return "utf-8"; }
+    get encoding() { return this.#encoding; }
     get fatal() { return this.#fatal; }
     get ignoreBOM() { return this.#ignoreBOM; }
     decode(input, options = {}) {
@@ -253,23 +357,73 @@
         bytes = joined;
       }
       const stream = !!options?.stream;
-      // A character cut at the chunk's end waits for the next chunk (so does a cut BOM).
-      const keep = stream ? incompleteTail(bytes) : 0;
+      const utf8 = this.#encoding === "utf-8";
+      const bigEndian = this.#encoding === "utf-16be";
+      const bom = BOMS[this.#encoding];
+      if (!this.#begun && stream && bytes.length < bom.length && bytes.every((b, i) => bom[i] === b)) {
+        // Too few bytes yet to tell whether they start with a BOM: wait for more.
+        this.#pending = bytes.slice();
+        return "";
+      }
+      // A character cut at the chunk's end waits for the next chunk.
+      const keep = !stream ? 0 : utf8 ? incompleteTail(bytes) : incompleteUtf16(bytes, bigEndian);
       this.#pending = bytes.slice(bytes.length - keep);
       bytes = bytes.subarray(0, bytes.length - keep);
       if (!this.#begun && bytes.length) {
         this.#begun = true;
-        if (!this.#ignoreBOM && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf) bytes = bytes.subarray(3);
+        if (!this.#ignoreBOM && bom.every((b, i) => bytes[i] === b)) bytes = bytes.subarray(bom.length);
       }
       if (!stream) this.#begun = false;
-      const text = native.utf8Decode(bytes.slice(), this.#fatal);
+      const text = utf8 ? native.utf8Decode(bytes.slice(), this.#fatal) : decodeUtf16(bytes, bigEndian, this.#fatal);
       if (text === undefined || text === null) {
         this.#pending = new Uint8Array(0);
         this.#begun = false;
-        throw new TypeError("TextDecoder: the input is not valid UTF-8");
+        throw new TypeError(`TextDecoder: the input is not valid ${this.#encoding}`);
       }
       return text;
     }
+  }
+
+  // --- Blob, File ---------------------------------------------------------------------------
+  var blobBytes;
+  class Blob {
+    #bytes;
+    #type;
+    constructor(parts = [], options = {}) {
+      if (typeof parts !== "object" || parts === null || typeof parts[Symbol.iterator] !== "function") {
+        throw new TypeError("Blob takes a sequence of parts");
+      }
+      const chunks = [...parts].map((part) =>
+        part instanceof Blob ? part.#bytes : part instanceof ArrayBuffer || ArrayBuffer.isView(part) ? copyOf(part, "a Blob part") : encodeUtf8(part));
+      this.#bytes = new Uint8Array(chunks.reduce((n, chunk) => n + chunk.length, 0));
+      chunks.reduce((at, chunk) => (this.#bytes.set(chunk, at), at + chunk.length), 0);
+      const type = options?.type === undefined ? "" : String(options.type);
+      this.#type = /^[\x20-\x7e]*$/.test(type) ? type.toLowerCase() : "";
+    }
+    get size() { return this.#bytes.length; }
+    get type() { return this.#type; }
+    slice(start = 0, end = this.size, type = "") {
+      const at = (i) => (i < 0 ? Math.max(this.size + i, 0) : Math.min(i, this.size));
+      return new Blob([this.#bytes.subarray(at(start), Math.max(at(start), at(end)))], { type });
+    }
+    async arrayBuffer() { return this.#bytes.slice().buffer; }
+    async bytes() { return this.#bytes.slice(); }
+    async text() { return new TextDecoder().decode(this.#bytes); }
+    get [Symbol.toStringTag]() { return "Blob"; }
+    static { blobBytes = (blob) => blob.#bytes; }
+  }
+  class File extends Blob {
+    #name;
+    #lastModified;
+    constructor(parts, name, options = {}) {
+      if (arguments.length < 2) throw new TypeError("File takes parts and a name");
+      super(parts, options);
+      this.#name = String(name);
+      this.#lastModified = options?.lastModified === undefined ? Date.now() : Number(options.lastModified);
+    }
+    get name() { return this.#name; }
+    get lastModified() { return this.#lastModified; }
+    get [Symbol.toStringTag]() { return "File"; }
   }
 
   // --- URL, URLSearchParams -----------------------------------------------------------------
@@ -279,8 +433,7 @@
     #pairs = [];
     #url = null;
     constructor(init = "") {
-      if (init instanceof URLSearchParams) this.#pairs = init.#pairs.map((pair) => [...pair]);
-      else if (init !== null && typeof init === "object" || typeof init === "function") {
+      if ((init !== null && typeof init === "object") || typeof init === "function") {
         if (typeof init[Symbol.iterator] === "function") {
           for (const pair of init) {
             const items = [...pair];
@@ -288,10 +441,13 @@
             this.#pairs.push([wellFormed(items[0]), wellFormed(items[1])]);
           }
         } else {
+          // A record: keys that become equal as USVStrings keep the first place, last value.
+          const record = new Map();
           for (const name of Reflect.ownKeys(init)) {
             const desc = Reflect.getOwnPropertyDescriptor(init, name);
-            if (typeof name === "string" && desc?.enumerable) this.#pairs.push([wellFormed(name), wellFormed(init[name])]);
+            if (typeof name === "string" && desc?.enumerable) record.set(wellFormed(name), wellFormed(init[name]));
           }
+          this.#pairs = [...record];
         }
       } else {
         let text = wellFormed(init);
@@ -481,6 +637,10 @@
       return encodeUtf8(init.toString());
     }
     if (init instanceof ArrayBuffer || ArrayBuffer.isView(init)) return copyOf(init, "body");
+    if (init instanceof Blob) {
+      if (init.type) type(init.type);
+      return blobBytes(init).slice();
+    }
     type("text/plain;charset=UTF-8");
     return encodeUtf8(String(init));
   };
@@ -499,6 +659,7 @@
     async bytes() { return (await this.#take()).slice(); }
     async text() { return new TextDecoder().decode(await this.#take()); }
     async json() { return JSON.parse(await this.text()); }
+    async blob() { return new Blob([await this.#take()], { type: this.headers?.get("content-type") ?? "" }); }
     static {
       bytesOfBody = (body) => body.#bytes;
       setBodyBytes = (body, bytes) => void (body.#bytes = bytes);
@@ -654,6 +815,10 @@
           return keep(new Date(v.getTime()));
         case "RegExp":
           return keep(new RegExp(v.source, v.flags));
+        case "Blob":
+          return keep(new Blob([v], { type: v.type }));
+        case "File":
+          return keep(new File([v], v.name, { type: v.type, lastModified: v.lastModified }));
         case "ArrayBuffer":
           return keep(seen.get(v) === null ? v.transfer() : v.slice(0));
         case "DataView":
@@ -731,7 +896,7 @@
 
   // --- Install ------------------------------------------------------------------------------
   define(g, {
-    DOMException, Event, EventTarget, AbortController, AbortSignal, TextEncoder, TextDecoder,
+    DOMException, Event, EventTarget, AbortController, AbortSignal, TextEncoder, TextDecoder, Blob, File,
     URL, URLSearchParams, Headers, Request, Response, fetch, structuredClone,
     Crypto, SubtleCrypto, crypto: new Crypto(internal),
     setTimeout: (callback, ms, ...args) => addTimer(callback, ms, args, false),

@@ -521,14 +521,25 @@ async fn a_js_tool_is_pre_initialised_and_answers_from_its_snapshot_with_fresh_s
     assert_eq!(snapshot_calls(&host), before + 2);
     // Top-level code ran once, in the snapshot; each call starts from it afresh...
     assert_eq!(one["loadedAt"], two["loadedAt"]);
-    assert_eq!((one["calls"].clone(), two["calls"].clone()), (json!(1), json!(1)));
+    assert_eq!(
+        (one["calls"].clone(), two["calls"].clone()),
+        (json!(1), json!(1))
+    );
     // ...with its own randomness and clocks.
     assert_ne!(one["random"], two["random"]);
     assert_ne!(one["uuid"], two["uuid"]);
     assert!(one["now"].as_f64().unwrap() < 1_000.0, "{one}");
-    assert!(two["origin"].as_f64().unwrap() >= started, "{two} vs {started}");
+    assert!(
+        two["origin"].as_f64().unwrap() >= started,
+        "{two} vs {started}"
+    );
     assert_eq!(
-        result(&host, "js_word_count", json!({"text": "the cat and the hat"})).await,
+        result(
+            &host,
+            "js_word_count",
+            json!({"text": "the cat and the hat"})
+        )
+        .await,
         json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}})
     );
 }

@@ -11,6 +11,7 @@ mod http_tools;
 mod isolation;
 mod js_platform;
 mod js_tools;
+mod js_wpt;
 mod mcp;
 mod pipeline;
 mod plugins;

@@ -1,8 +1,9 @@
 //! JavaScript tools, printed as numbers: `cargo bench -p toolhost --bench js`.
 //!
 //! Side by side in one run: per-call latency and the time from upload to a first result for
-//! stored-source JS tools (on the shared QuickJS runtime), a JS component built by the JS SDK
-//! (ComponentizeJS, StarlingMonkey), and, as the peer, a Rust component. The same text-stats
+//! stored-source JS tools (pre-initialised, and on the shared QuickJS runtime as before
+//! their snapshot is ready), a JS component built by the JS SDK (ComponentizeJS,
+//! StarlingMonkey), and, as the peer, a Rust component. The same text-stats
 //! logic runs as JS source and as Rust; the word-count example runs as JS source and as a JS
 //! component.
 
@@ -43,6 +44,34 @@ export default function ({{ text }}) {{
     )
 }
 
+/// Calls that started from a pre-initialised snapshot so far.
+fn snapshot_calls(host: &Host) -> u64 {
+    let text = host.metrics().render();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("toolhost_component_loads_total{source=\"snapshot\"}"))
+        .unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Calls `tool` until a call starts from its snapshot; how long that took.
+async fn until_pre_initialised(host: &Host, tool: &str, args: &serde_json::Value) -> Duration {
+    let start = Instant::now();
+    let caller = Caller::tenant("bench");
+    loop {
+        let before = snapshot_calls(host);
+        assert!(host.call(&caller, tool, args.clone()).await.result.is_ok());
+        if snapshot_calls(host) > before {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{tool}: no snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 fn percentile(sorted: &[Duration], p: usize) -> f64 {
     sorted[(sorted.len() * p / 100).min(sorted.len() - 1)].as_secs_f64() * 1e3
 }
@@ -67,6 +96,14 @@ async fn run() {
         js_runtime: Some(js_runtime.clone()),
         ..HostConfig::default()
     };
+    // The same tools with pre-initialisation off: every call starts QuickJS and evaluates
+    // the module, as a call does before its snapshot is ready.
+    let shared = Host::open(HostConfig {
+        js_snapshots: 0,
+        ..config()
+    })
+    .await
+    .unwrap();
 
     // The runtime compiles once per host (its artifact is then stored, like any component's).
     let host = Host::open(config()).await.unwrap();
@@ -80,6 +117,14 @@ async fn run() {
     let start = Instant::now();
     host.install("bench", js_component.clone()).await.unwrap();
     let component_compile = start.elapsed();
+    shared
+        .install_js("bench", &text_stats_js("text_stats_js"))
+        .await
+        .unwrap();
+    shared.install_js("bench", &word_count_js).await.unwrap();
+    let words = json!({"text": "the cat and the hat sat on the mat"});
+    until_pre_initialised(&host, "text_stats_js", &args).await;
+    until_pre_initialised(&host, "js_word_count", &words).await;
     let js_result = host.call(&caller, "text_stats_js", args.clone()).await;
     let rust_result = host.call(&caller, "text_stats", args.clone()).await;
     assert_eq!(
@@ -88,14 +133,41 @@ async fn run() {
     );
 
     println!("per-call latency, {CALLS} sequential calls after {WARMUP} warm-up, one thread (ms)");
-    println!("{:<36} {:>8} {:>8}", "", "p50", "p99");
-    let words = json!({"text": "the cat and the hat sat on the mat"});
-    for (label, tool, args) in [
-        ("JS source: text_stats", "text_stats_js", &args),
-        ("peer: Rust component: text_stats", "text_stats", &args),
-        ("JS source: word_count", "js_word_count", &words),
+    println!("{:<44} {:>8} {:>8}", "", "p50", "p99");
+    for (label, host, tool, args) in [
+        (
+            "JS source, pre-initialised: text_stats",
+            &host,
+            "text_stats_js",
+            &args,
+        ),
+        (
+            "JS source, shared runtime: text_stats",
+            &shared,
+            "text_stats_js",
+            &args,
+        ),
+        (
+            "peer: Rust component: text_stats",
+            &host,
+            "text_stats",
+            &args,
+        ),
+        (
+            "JS source, pre-initialised: word_count",
+            &host,
+            "js_word_count",
+            &words,
+        ),
+        (
+            "JS source, shared runtime: word_count",
+            &shared,
+            "js_word_count",
+            &words,
+        ),
         (
             "JS component: word_count",
+            &host,
             "js_component_word_count",
             &words,
         ),
@@ -112,7 +184,7 @@ async fn run() {
         }
         samples.sort();
         println!(
-            "{label:<36} {:>8.3} {:>8.3}",
+            "{label:<44} {:>8.3} {:>8.3}",
             percentile(&samples, 50),
             percentile(&samples, 99)
         );
@@ -130,6 +202,12 @@ async fn run() {
         assert!(out.result.is_ok());
     }
     js_uploads.sort();
+    // Upload to the first call that starts from the tool's snapshot.
+    let source = text_stats_js("pre_initialised");
+    let start = Instant::now();
+    host.install_js("bench", &source).await.unwrap();
+    until_pre_initialised(&host, "pre_initialised", &args).await;
+    let to_snapshot = start.elapsed();
     // A JS component: compiled on upload (measured above), loaded from its artifact after.
     let dir = tempfile::tempdir().unwrap();
     let stored = || HostConfig {
@@ -166,6 +244,11 @@ async fn run() {
         format!("JS source ({UPLOADS} uploads)"),
         percentile(&js_uploads, 50),
         percentile(&js_uploads, 100)
+    );
+    println!(
+        "{:<36} {:>8.2}",
+        "JS source, to its first snapshot call",
+        to_snapshot.as_secs_f64() * 1e3
     );
     println!(
         "{:<36} {:>8.2} {:>8.2}",

@@ -19,8 +19,8 @@ use toolhost_store::{SourceKind, Store};
 use crate::catalog::JsSource;
 use crate::components::Components;
 use crate::grants::{self, TenantFiles};
-use crate::js_snapshots::JsSnapshots;
 use crate::http_tool::HttpRequestDef;
+use crate::js_snapshots::JsSnapshots;
 use crate::metrics::{ComponentSource, Metrics};
 use crate::registry::{NativeTool, TenantTool};
 

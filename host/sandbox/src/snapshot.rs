@@ -88,7 +88,8 @@ impl Access<'_> {
             return None;
         }
         let result = async {
-            let missing = || wasmtime::format_err!("the snapshot accessor {instance}#{func} is missing");
+            let missing =
+                || wasmtime::format_err!("the snapshot accessor {instance}#{func} is missing");
             let (_, exports) = self
                 .instance
                 .get_export(&mut *self.store, None, instance)
