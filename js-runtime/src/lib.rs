@@ -39,7 +39,7 @@ struct Loaded {
     event_loop: Persistent<Object<'static>>,
     // Dropped last: the persistent values above live in it.
     context: Context,
-    _runtime: Runtime,
+    runtime: Runtime,
 }
 
 thread_local! {
@@ -51,8 +51,7 @@ struct JsRuntime;
 
 impl Guest for JsRuntime {
     fn describe(source: String) -> Result<String, String> {
-        let (runtime, context) = start()?;
-        let _runtime = runtime;
+        let (_runtime, context) = start()?;
         context.with(|ctx| {
             let caught = |e| describe(&CaughtError::from_error(&ctx, e));
             web::begin_call();
@@ -71,9 +70,20 @@ impl Guest for JsRuntime {
     }
 
     fn init(source: String) -> Result<(), String> {
-        let loaded = load(source).map_err(|e| match e {
+        let message = |e| match e {
             ToolError::Failed(message) | ToolError::InvalidArgs(message) => message,
+        };
+        let loaded = load(source).map_err(message)?;
+        // Ready in the snapshot: the web platform, and a heap just collected, so a call does
+        // not start with a collection of everything `init` left.
+        loaded.context.with(|ctx| {
+            let caught = |e| describe(&CaughtError::from_error(&ctx, e));
+            let event_loop = loaded.event_loop.clone().restore(&ctx).map_err(caught)?;
+            let load_web: Function = event_loop.get("load").map_err(caught)?;
+            load_web.call::<_, Value>(()).map_err(caught)?;
+            Ok::<_, String>(())
         })?;
+        loaded.runtime.run_gc();
         LOADED.with(|slot| *slot.borrow_mut() = Some(loaded));
         Ok(())
     }
@@ -140,7 +150,7 @@ fn load(source: String) -> Result<Loaded, ToolError> {
         handler,
         event_loop,
         context,
-        _runtime: runtime,
+        runtime,
     })
 }
 

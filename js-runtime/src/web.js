@@ -1,6 +1,7 @@
 // The web platform's minimum common API (WinterTC), as far as it fits one sandboxed call:
 // classes here, and `native` (web.rs) for the network, clocks, randomness, URLs and digests.
-// Evaluated once per runtime, before the tool's module. Returns the event loop's hooks.
+// Parsed and run on first use of any of its globals (see bootstrap.js), which costs a few
+// milliseconds; a pre-initialised tool has it ready. Returns the event loop's hooks.
 ((native) => {
   "use strict";
   const g = globalThis;
@@ -904,14 +905,5 @@
     clearTimeout: clearTimer,
     clearInterval: clearTimer,
   });
-  // A snapshot would replay one random sequence and a stale clock: these read WASI per call.
-  define(Math, { random: () => native.random() });
-  class Performance {
-    constructor(key) { if (key !== internal) throw new TypeError("Illegal constructor"); }
-    now() { return native.now(); }
-    get timeOrigin() { return native.timeOrigin(); }
-    toJSON() { return { timeOrigin: this.timeOrigin }; }
-  }
-  define(g, { Performance, performance: new Performance(internal) });
   return eventLoop;
 });

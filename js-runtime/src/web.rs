@@ -32,7 +32,8 @@ pub fn sleep_ms(ms: f64) {
     }
 }
 
-/// Installs the globals; returns the event loop's `{next, fire}` hooks for timers.
+/// Installs the globals (the web platform itself on first use); returns the event loop's
+/// `{load, next, fire}` hooks.
 pub fn install<'js>(ctx: &Ctx<'js>) -> Result<Object<'js>> {
     let native = Object::new(ctx.clone())?;
     native.set("now", Func::from(now))?;
@@ -49,8 +50,12 @@ pub fn install<'js>(ctx: &Ctx<'js>) -> Result<Object<'js>> {
     native.set("formParse", Func::from(form_parse))?;
     native.set("formSerialize", Func::from(form_serialize))?;
     native.set("fetch", Func::from(fetch))?;
-    let prelude: Function = ctx.eval(include_str!("web.js"))?;
-    prelude.call((native,))
+    native.set(
+        "loadWeb",
+        Func::from(|ctx: Ctx<'js>| ctx.eval::<Function, _>(include_str!("web.js"))),
+    )?;
+    let bootstrap: Function = ctx.eval(include_str!("bootstrap.js"))?;
+    bootstrap.call((native,))
 }
 
 /// A copy of a `Uint8Array`'s bytes (none if its buffer is detached).

@@ -13,6 +13,7 @@ use toolhost::{CallOutcome, Caller, Host, HostConfig, TenantPolicy};
 async fn host(egress: EgressConfig) -> Arc<Host> {
     let host = Host::open(HostConfig {
         js_runtime: Some(crate::plugins::js_runtime()),
+        js_snapshots: HostConfig::default().js_snapshots,
         egress,
         ..crate::plugins::config()
     })
@@ -271,6 +272,40 @@ async fn the_weather_example_fetches_json_under_a_grant() {
     assert_eq!(
         weather,
         json!({"city": "São Paulo", "query": "units=metric", "temp_c": 24.5, "conditions": "clear"})
+    );
+}
+
+/// The same tool built into a component by the JS SDK (StarlingMonkey's own `fetch`, over
+/// the same `wasi:http` and grants).
+#[tokio::test]
+async fn the_weather_component_fetches_json_under_a_grant() {
+    let addr = api_server().await;
+    let host = host(EgressConfig::default()).await;
+    let specs = host
+        .install("acme", crate::plugins::js_weather_component())
+        .await
+        .unwrap();
+    assert_eq!(specs[0].name, "js_component_weather_now");
+    let base = format!("http://127.0.0.1:{}", addr.port());
+    host.set_config("acme", "WEATHER_URL", &base, false)
+        .await
+        .unwrap();
+    let args = json!({"city": "Oslo", "units": "imperial"});
+    let out = call(&host, "js_component_weather_now", args.clone()).await;
+    assert!(out.result.is_err(), "{:?}", out.result);
+    assert!(
+        out.log
+            .lines
+            .iter()
+            .any(|l| l.message.contains("not in this tool's network grant")),
+        "{:?}",
+        out.log.lines
+    );
+    grant(&host, json!([base])).await;
+    let weather = result(&host, "js_component_weather_now", args).await;
+    assert_eq!(
+        weather,
+        json!({"city": "Oslo", "query": "units=imperial", "temp_c": 24.5, "conditions": "clear"})
     );
 }
 

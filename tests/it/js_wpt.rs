@@ -122,6 +122,7 @@ async fn the_web_platform_tests_pass_except_where_listed() {
     let root = wpt_dir();
     let host = Host::open(HostConfig {
         js_runtime: Some(crate::plugins::js_runtime()),
+        js_snapshots: HostConfig::default().js_snapshots,
         ..crate::plugins::config()
     })
     .await

@@ -45,6 +45,9 @@ pub fn artifact_dir() -> &'static Path {
 pub fn config() -> HostConfig {
     HostConfig {
         artifact_dir: Some(artifact_dir().to_owned()),
+        // Snapshots are a cache that takes a core for a second or two per JS tool: on for the
+        // tests of JS tools (`js_platform`, `js_wpt`), which run on them and without them.
+        js_snapshots: 0,
         ..HostConfig::default()
     }
 }
@@ -80,7 +83,19 @@ pub fn js_runtime_path() -> &'static Path {
 /// `toolhost-js build`, once per process (installing the SDK's npm packages if needed).
 pub fn js_component() -> Vec<u8> {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    let path = PATH.get_or_init(|| {
+    std::fs::read(PATH.get_or_init(|| build_js_component("word_count"))).unwrap()
+}
+
+/// `plugins/js-component/weather.ts`, which calls an HTTP API with `fetch`, built likewise.
+pub fn js_weather_component() -> Vec<u8> {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    std::fs::read(PATH.get_or_init(|| build_js_component("weather"))).unwrap()
+}
+
+fn build_js_component(name: &str) -> PathBuf {
+    // One `npm ci` for every build in this process.
+    static SDK: OnceLock<PathBuf> = OnceLock::new();
+    let sdk = SDK.get_or_init(|| {
         let sdk = root().join("guest-sdk/js");
         if !sdk.join("node_modules").exists() {
             let status = Command::new("npm")
@@ -90,26 +105,26 @@ pub fn js_component() -> Vec<u8> {
                 .expect("running npm ci for guest-sdk/js");
             assert!(status.success(), "npm ci for guest-sdk/js failed");
         }
-        let out_dir = root().join("target/plugins/js");
-        std::fs::create_dir_all(&out_dir).unwrap();
-        let output = out_dir.join("word_count.wasm");
-        let out = Command::new("node")
-            .arg(sdk.join("bin/toolhost-js.mjs"))
-            .arg("build")
-            .arg(root().join("plugins/js-component/word_count.ts"))
-            .arg("-o")
-            .arg(&output)
-            .output()
-            .expect("running toolhost-js build");
-        assert!(
-            out.status.success(),
-            "toolhost-js build failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        output
+        sdk
     });
-    std::fs::read(path).unwrap()
+    let out_dir = root().join("target/plugins/js");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let output = out_dir.join(format!("{name}.wasm"));
+    let out = Command::new("node")
+        .arg(sdk.join("bin/toolhost-js.mjs"))
+        .arg("build")
+        .arg(root().join(format!("plugins/js-component/{name}.ts")))
+        .arg("-o")
+        .arg(&output)
+        .output()
+        .expect("running toolhost-js build");
+    assert!(
+        out.status.success(),
+        "toolhost-js build failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    output
 }
 
 /// Fires once, when the next call on `host` has resolved its tool and passed its preflight:

@@ -45,8 +45,8 @@ try {
     sourcePath: bundled,
     witPath: join(sdk, "wit"),
     worldName: "plugin",
-    // No fetch() or incoming HTTP: the tool imports only what it uses of WASI.
-    disableFeatures: ["http", "fetch-event"],
+    // fetch() goes out through wasi:http, under the tool's network grant; no incoming HTTP.
+    disableFeatures: ["fetch-event"],
   });
   await writeFile(output, component);
   console.log(`${output} (${(component.byteLength / 1e6).toFixed(1)} MB)`);

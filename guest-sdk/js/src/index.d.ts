@@ -28,7 +28,8 @@ export interface ToolDefinition<Args = any, Result = unknown> {
   /** A JSON Schema, or a zod object schema (v3) converted to one. */
   parameters?: JsonSchema | { _def: unknown };
   /** The arguments already passed `parameters`. Return any JSON value. */
-  handler: (args: Args, ctx: Context) => Result;
+  /** May be async (say, to await `fetch`): the component runs its event loop until it settles. */
+  handler: (args: Args, ctx: Context) => Result | Promise<Result>;
   /** Reject properties the schema does not declare. */
   strict?: boolean;
   group?: string;

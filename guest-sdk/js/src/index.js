@@ -71,8 +71,15 @@ export function exportTools(...defs) {
       } catch (error) {
         throw toToolError(error);
       }
+      // An async handler (say, one that awaits `fetch`): ComponentizeJS runs the component's
+      // event loop until the promise settles.
       if (result instanceof Promise) {
-        throw { tag: "failed", val: `${name}: async handlers are not supported in components yet` };
+        return result.then(
+          (value) => JSON.stringify(value ?? null),
+          (error) => {
+            throw toToolError(error);
+          },
+        );
       }
       return JSON.stringify(result ?? null);
     },

@@ -53,6 +53,10 @@ struct Cli {
     /// it) [default: js_runtime.wasm next to this executable, if there is one]
     #[arg(long, env = "TOOLHOST_JS_RUNTIME", global = true)]
     js_runtime: Option<PathBuf>,
+    /// JS tools this node keeps pre-initialised (a snapshot with the module evaluated, built
+    /// in the background, ~5 MB each in memory; at most 8 per tenant); 0 turns it off
+    #[arg(long, env = "TOOLHOST_JS_SNAPSHOTS", global = true, default_value_t = HostConfig::default().js_snapshots)]
+    js_snapshots: usize,
     /// A directory where compiled components are shared by every toolhost on this machine
     /// that names it, so each compiles once [default: only the data directory's store]
     #[arg(long, env = "TOOLHOST_ARTIFACT_DIR", global = true)]
@@ -412,6 +416,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         serves,
         durable,
         js_runtime,
+        // A one-shot command calls nothing twice: no snapshot would pay for itself.
+        js_snapshots: match cli.command {
+            Command::Serve { .. } | Command::Mcp { .. } => cli.js_snapshots,
+            _ => 0,
+        },
         egress: toolhost::egress::EgressConfig {
             allow_private: cli.allow_private,
         },

@@ -41,7 +41,7 @@ pub(crate) struct Executors {
     /// Stored JS sources by blob sha256.
     js_sources: Mutex<HashMap<String, Arc<JsSource>>>,
     /// JS tools pre-initialised on this node.
-    js_snapshots: Arc<JsSnapshots>,
+    js_snapshots: JsSnapshots,
     metrics: Arc<Metrics>,
 }
 
@@ -55,11 +55,7 @@ impl Executors {
         metrics: Arc<Metrics>,
     ) -> Self {
         Executors {
-            js_snapshots: Arc::new(JsSnapshots::new(
-                components.clone(),
-                store.clone(),
-                js_snapshots,
-            )),
+            js_snapshots: JsSnapshots::new(components.sandbox_arc(), store.clone(), js_snapshots),
             components,
             store,
             egress: Arc::new(egress),
@@ -77,7 +73,7 @@ impl Executors {
         }
         let sha = &tool.version.component;
         if let Ok(js) = self.parsed_blob(&self.js_sources, sha, "JS source").await {
-            self.js_snapshots.request(&tool.tenant, sha, js);
+            self.js_snapshots.request(&tool.tenant, sha, js).await;
         }
     }
 
@@ -148,14 +144,19 @@ impl Executors {
         let component = js
             .as_ref()
             .map_or(&tool.version.component, |js| &js.runtime);
-        let snapshot = js.as_ref().and_then(|js| {
-            let sha = &tool.version.component;
-            let ready = self.js_snapshots.ready(sha);
-            if ready.is_none() {
-                self.js_snapshots.request(&tool.tenant, sha, js.clone());
+        let snapshot = match &js {
+            Some(js) => {
+                let sha = &tool.version.component;
+                let ready = self.js_snapshots.ready(sha);
+                if ready.is_none() {
+                    self.js_snapshots
+                        .request(&tool.tenant, sha, js.clone())
+                        .await;
+                }
+                ready
             }
-            ready
-        });
+            None => None,
+        };
         let prepared = match snapshot {
             Some(prepared) => {
                 self.metrics.component_loaded(ComponentSource::Snapshot);

@@ -10,12 +10,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use toolhost_sandbox::snapshot::{self, describe_failure};
-use toolhost_sandbox::{LoadError, Prepared};
+use toolhost_sandbox::{LoadError, Prepared, Sandbox};
 use toolhost_spec::spec::Limits;
 use toolhost_store::Store;
 
 use crate::catalog::JsSource;
-use crate::components::Components;
 
 /// Snapshots one tenant's tools may hold on a node, so no tenant crowds out the others.
 pub const MAX_JS_SNAPSHOTS_PER_TENANT: usize = 8;
@@ -24,16 +23,22 @@ pub const MAX_JS_SNAPSHOTS_PER_TENANT: usize = 8;
 const MAX_FAILED_REMEMBERED: usize = 4096;
 
 pub(crate) struct JsSnapshots {
-    components: Arc<Components>,
+    /// Read here, in the caller's task: a build in the background never holds the store, so
+    /// a dropped host lets go of it at once.
     store: Arc<dyn Store>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    sandbox: Arc<Sandbox>,
     /// Ready snapshots by JS source blob sha256, with the tenant whose tool asked for it.
     ready: quick_cache::sync::Cache<String, (Prepared, Arc<str>)>,
     /// Being built, or failed.
     tried: Mutex<Tried>,
     /// One build at a time: Cranelift takes a core for about a second per snapshot.
     building: Arc<tokio::sync::Semaphore>,
-    /// Per runtime sha256: its bytes and the instrumented runtime, loaded.
-    runtimes: tokio::sync::Mutex<HashMap<String, Instrumented>>,
+    /// Per runtime sha256: its bytes, and the runtime instrumented and loaded once built.
+    runtimes: tokio::sync::Mutex<HashMap<String, Runtime>>,
 }
 
 #[derive(Default)]
@@ -44,42 +49,45 @@ struct Tried {
 }
 
 #[derive(Clone)]
-struct Instrumented {
-    runtime: Arc<[u8]>,
-    prepared: Prepared,
+struct Runtime {
+    bytes: Arc<[u8]>,
+    instrumented: Option<Prepared>,
 }
 
 impl JsSnapshots {
     /// `capacity` snapshots at most on this node; 0 turns pre-initialisation off.
-    pub fn new(components: Arc<Components>, store: Arc<dyn Store>, capacity: usize) -> Self {
+    pub fn new(sandbox: Arc<Sandbox>, store: Arc<dyn Store>, capacity: usize) -> Self {
         JsSnapshots {
-            components,
             store,
-            ready: quick_cache::sync::Cache::new(capacity.max(1)),
-            tried: Mutex::default(),
-            building: Arc::new(tokio::sync::Semaphore::new(usize::from(capacity > 0))),
-            runtimes: tokio::sync::Mutex::default(),
+            shared: Arc::new(Shared {
+                sandbox,
+                ready: quick_cache::sync::Cache::new(capacity.max(1)),
+                tried: Mutex::default(),
+                building: Arc::new(tokio::sync::Semaphore::new(usize::from(capacity > 0))),
+                runtimes: tokio::sync::Mutex::default(),
+            }),
         }
     }
 
     /// The snapshot of the JS source blob `sha`, if one is ready.
     pub fn ready(&self, sha: &str) -> Option<Prepared> {
-        self.ready.get(sha).map(|(prepared, _)| prepared)
+        self.shared.ready.get(sha).map(|(prepared, _)| prepared)
     }
 
     /// Starts building the snapshot of `js` (blob `sha`) for `tenant` unless it exists, is
     /// being built, failed before, the tenant holds its share, or another build is running
     /// (a later call asks again).
-    pub fn request(self: &Arc<Self>, tenant: &str, sha: &str, js: Arc<JsSource>) {
-        if self.ready.get(sha).is_some() {
+    pub async fn request(&self, tenant: &str, sha: &str, js: Arc<JsSource>) {
+        let shared = &self.shared;
+        if shared.ready.get(sha).is_some() {
             return;
         }
-        let Ok(permit) = self.building.clone().try_acquire_owned() else {
+        let Ok(permit) = shared.building.clone().try_acquire_owned() else {
             return;
         };
         {
-            let mut tried = self.tried.lock().unwrap_or_else(|p| p.into_inner());
-            let held = self
+            let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
+            let held = shared
                 .ready
                 .iter()
                 .filter(|(_, (_, owner))| &**owner == tenant)
@@ -92,15 +100,28 @@ impl JsSnapshots {
             }
             tried.building.insert(sha.to_owned(), tenant.into());
         }
-        let this = self.clone();
+        let runtime = match self.runtime(&js.runtime).await {
+            Ok(runtime) => runtime,
+            Err(error) => {
+                tracing::warn!(%error, "the JS runtime is unreadable; JS tools are not pre-initialised");
+                shared
+                    .tried
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .building
+                    .remove(sha);
+                return;
+            }
+        };
+        let shared = shared.clone();
         let (tenant, sha): (Arc<str>, String) = (tenant.into(), sha.to_owned());
         tokio::spawn(async move {
             let _permit = permit;
-            let built = this.build(&js).await;
-            let mut tried = this.tried.lock().unwrap_or_else(|p| p.into_inner());
+            let built = shared.build(&js, runtime).await;
+            let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
             tried.building.remove(&sha);
             match built {
-                Ok(prepared) => this.ready.insert(sha, (prepared, tenant)),
+                Ok(prepared) => shared.ready.insert(sha, (prepared, tenant)),
                 Err(reason) => {
                     tracing::info!(%tenant, sha, %reason, "JS tool not pre-initialised; it runs on the shared runtime");
                     if tried.failed.len() >= MAX_FAILED_REMEMBERED {
@@ -112,41 +133,9 @@ impl JsSnapshots {
         });
     }
 
-    async fn build(&self, js: &JsSource) -> Result<Prepared, String> {
-        let runtime = self.instrumented(&js.runtime).await?;
-        let sandbox = self.components.sandbox_arc();
-        let run = sandbox
-            .snapshot_js(
-                runtime.runtime,
-                &runtime.prepared,
-                &js.source,
-                &Limits::default(),
-            )
-            .await;
-        if let Some(reason) = describe_failure(&run) {
-            return Err(reason);
-        }
-        let Ok(Ok(bytes)) = run.result else {
-            unreachable!("describe_failure saw no failure")
-        };
-        // Compiled here and kept in memory only: a snapshot is cheap to make again, and a
-        // tenant's many tools must not fill the disk.
-        let artifact = tokio::task::spawn_blocking({
-            let sandbox = sandbox.clone();
-            move || sandbox.compile(&bytes)
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e: LoadError| e.to_string())?;
-        // SAFETY: compiled just now by this sandbox.
-        unsafe { sandbox.load(&artifact) }.map_err(|e| e.to_string())
-    }
-
-    /// The runtime `sha` instrumented for snapshots, compiled once per node (and its
-    /// artifact kept like any component's).
-    async fn instrumented(&self, sha: &str) -> Result<Instrumented, String> {
-        let mut runtimes = self.runtimes.lock().await;
-        if let Some(found) = runtimes.get(sha) {
+    /// The runtime `sha`'s bytes, read from the store once.
+    async fn runtime(&self, sha: &str) -> Result<Runtime, String> {
+        if let Some(found) = self.shared.runtimes.lock().await.get(sha) {
             return Ok(found.clone());
         }
         let bytes = self
@@ -155,17 +144,60 @@ impl JsSnapshots {
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("the JS runtime {sha} is missing from the store"))?;
-        let instrumented = snapshot::instrument_js_runtime(&bytes).map_err(|e| e.to_string())?;
-        let compiled = self
-            .components
-            .compile(instrumented)
-            .await
-            .map_err(|e| e.to_string())?;
-        let found = Instrumented {
-            runtime: bytes.into(),
-            prepared: compiled.prepared,
+        let runtime = Runtime {
+            bytes: bytes.into(),
+            instrumented: None,
         };
-        runtimes.insert(sha.to_owned(), found.clone());
-        Ok(found)
+        let mut runtimes = self.shared.runtimes.lock().await;
+        Ok(runtimes.entry(sha.to_owned()).or_insert(runtime).clone())
+    }
+}
+
+impl Shared {
+    async fn build(&self, js: &JsSource, runtime: Runtime) -> Result<Prepared, String> {
+        let instrumented = self.instrumented(&js.runtime, &runtime.bytes).await?;
+        let run = self
+            .sandbox
+            .snapshot_js(runtime.bytes, &instrumented, &js.source, &Limits::default())
+            .await;
+        if let Some(reason) = describe_failure(&run) {
+            return Err(reason);
+        }
+        let Ok(Ok(bytes)) = run.result else {
+            unreachable!("describe_failure saw no failure")
+        };
+        // Kept in memory only: a snapshot is cheap to make again, and a tenant's many tools
+        // must not fill the disk.
+        self.compile(bytes).await
+    }
+
+    /// The runtime `sha` instrumented for snapshots, compiled once per node.
+    async fn instrumented(&self, sha: &str, runtime: &[u8]) -> Result<Prepared, String> {
+        if let Some(Some(found)) = self
+            .runtimes
+            .lock()
+            .await
+            .get(sha)
+            .map(|r| r.instrumented.clone())
+        {
+            return Ok(found);
+        }
+        let instrumented = snapshot::instrument_js_runtime(runtime).map_err(|e| e.to_string())?;
+        let prepared = self.compile(instrumented).await?;
+        if let Some(entry) = self.runtimes.lock().await.get_mut(sha) {
+            entry.instrumented = Some(prepared.clone());
+        }
+        Ok(prepared)
+    }
+
+    /// Cranelift, off the async workers.
+    async fn compile(&self, bytes: Vec<u8>) -> Result<Prepared, String> {
+        let sandbox = self.sandbox.clone();
+        let artifact = tokio::task::spawn_blocking(move || sandbox.compile(&bytes))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e: LoadError| e.to_string())?;
+        // SAFETY: compiled just now by this sandbox.
+        unsafe { self.sandbox.load(&artifact) }.map_err(|e| e.to_string())
     }
 }
