@@ -565,8 +565,25 @@ impl Sandbox {
 /// spec): one group for all.
 pub(crate) const INSTALLS: &str = "";
 
-/// Bytes of each recycled memory and table kept resident (zeroed in place) between calls.
+/// Bytes of each recycled table, and of each memory where the kernel cannot say which pages
+/// a call dirtied, kept resident (zeroed in place) between calls.
 const KEEP_RESIDENT_BYTES: usize = 64 << 10;
+
+/// Bytes of each recycled memory kept resident where the kernel has PAGEMAP_SCAN: only the
+/// pages a call dirtied are restored, by copying, so a pre-initialised JS tool's heap (a few
+/// MiB, copy-on-write from its snapshot) is not faulted in again at every call: 0.23 → 0.08 ms
+/// per call here. Costs resident memory only where a slot's calls wrote that much.
+const KEEP_RESIDENT_DIRTY_BYTES: usize = 8 << 20;
+
+/// PAGEMAP_SCAN came with Linux 6.7.
+fn kernel_has_pagemap_scan() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    version >= (6, 7)
+}
 
 /// An instance whose memory grew past this is dropped on a blocking thread.
 const RELEASE_OFF_WORKER_BYTES: usize = 16 << 20;
@@ -591,8 +608,12 @@ fn engine(config: &SandboxConfig) -> Result<Engine, wasmtime::Error> {
         .max_memory_size(MEMORY_BYTES.max as usize)
         // Up to 64 KiB of a recycled slot's memory and tables is zeroed with memset rather
         // than given back with madvise: cheaper for small tools, and fewer TLB-shootdown IPIs
-        // between cores.
-        .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+        // between cores. With PAGEMAP_SCAN, up to 8 MiB of dirtied memory pages.
+        .linear_memory_keep_resident(if kernel_has_pagemap_scan() {
+            KEEP_RESIDENT_DIRTY_BYTES
+        } else {
+            KEEP_RESIDENT_BYTES
+        })
         .table_keep_resident(KEEP_RESIDENT_BYTES)
         // Where the kernel has PAGEMAP_SCAN (Linux 6.7+), only the pages a call dirtied are
         // reset, with memset up to the resident size: a small tool's slot is recycled with no
