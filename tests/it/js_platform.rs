@@ -539,13 +539,8 @@ async fn a_js_tool_is_pre_initialised_and_answers_from_its_snapshot_with_fresh_s
         .await
         .unwrap();
     // Snapshots are built in the background, one at a time; calls meanwhile run as before.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while snapshot_calls(&host) < 2 {
-        assert!(std::time::Instant::now() < deadline, "no snapshot was used");
-        result(&host, "fresh", json!({})).await;
-        result(&host, "js_word_count", json!({"text": "a b a"})).await;
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    until_pre_initialised(&host, "acme", "fresh").await;
+    until_pre_initialised_with(&host, "acme", "js_word_count", json!({"text": "a b a"})).await;
     let before = snapshot_calls(&host);
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -577,4 +572,58 @@ async fn a_js_tool_is_pre_initialised_and_answers_from_its_snapshot_with_fresh_s
         .await,
         json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}})
     );
+}
+
+/// Calls `tenant`'s `tool` (with no arguments) until a call starts from its snapshot.
+async fn until_pre_initialised(host: &Host, tenant: &str, tool: &str) {
+    until_pre_initialised_with(host, tenant, tool, json!({})).await
+}
+
+async fn until_pre_initialised_with(host: &Host, tenant: &str, tool: &str, args: Value) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let before = snapshot_calls(host);
+        let out = host.call(&Caller::tenant(tenant), tool, args.clone()).await;
+        assert!(out.result.is_ok(), "{tool}: {:?}", out.result);
+        if snapshot_calls(host) > before {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tool}: no snapshot");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_holds_its_share_of_snapshots_and_never_takes_another_tenants() {
+    let host = Host::open(HostConfig {
+        js_runtime: Some(crate::plugins::js_runtime()),
+        js_snapshots: 2,
+        js_snapshots_per_tenant: 1,
+        ..crate::plugins::config()
+    })
+    .await
+    .unwrap();
+    let tool = |name: &str| {
+        format!(
+            "export const spec = {{ name: '{name}', description: 'A test tool.', parameters: {{ type: 'object' }} }};\n\
+             export default () => '{name}';"
+        )
+    };
+    host.install_js("globex", &tool("theirs")).await.unwrap();
+    until_pre_initialised(&host, "globex", "theirs").await;
+    for name in ["one", "two"] {
+        host.install_js("acme", &tool(name)).await.unwrap();
+        until_pre_initialised(&host, "acme", name).await;
+    }
+    // acme's second snapshot replaced its first...
+    let before = snapshot_calls(&host);
+    let out = host.call(&Caller::tenant("acme"), "one", json!({})).await;
+    assert_eq!(out.result, Ok(json!("one")));
+    assert_eq!(snapshot_calls(&host), before, "`one` ran from a snapshot");
+    // ...and globex's stayed.
+    let out = host
+        .call(&Caller::tenant("globex"), "theirs", json!({}))
+        .await;
+    assert_eq!(out.result, Ok(json!("theirs")));
+    assert_eq!(snapshot_calls(&host), before + 1);
 }

@@ -66,9 +66,11 @@ pub struct HostConfig {
     /// JS tools; without it `install_js` refuses.
     pub js_runtime: Option<Vec<u8>>,
     /// JS tools kept pre-initialised on this node (a snapshot with the module evaluated, ~5 MB
-    /// of compiled code each), at most `MAX_JS_SNAPSHOTS_PER_TENANT` per tenant; past this the
-    /// least recently used is dropped. 0: every call starts QuickJS and evaluates the module.
+    /// of compiled code each); past this the least recently used is dropped. 0: every call
+    /// starts QuickJS and evaluates the module.
     pub js_snapshots: usize,
+    /// Of those, at most this many of one tenant's tools: its next replaces one of its own.
+    pub js_snapshots_per_tenant: usize,
 }
 
 impl Default for HostConfig {
@@ -91,6 +93,7 @@ impl Default for HostConfig {
             files_dir: None,
             js_runtime: None,
             js_snapshots: 64,
+            js_snapshots_per_tenant: 8,
         }
     }
 }

@@ -51,7 +51,7 @@ impl Executors {
         store: Arc<dyn Store>,
         egress: EgressConfig,
         files_dir: Option<PathBuf>,
-        js_snapshots: usize,
+        js_snapshots: (usize, usize),
         metrics: Arc<Metrics>,
     ) -> Self {
         Executors {

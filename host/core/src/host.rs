@@ -99,7 +99,7 @@ impl Host {
             store.clone(),
             config.egress,
             files_dir,
-            config.js_snapshots,
+            (config.js_snapshots, config.js_snapshots_per_tenant),
             metrics.clone(),
         );
         let approvals = Arc::new(Approvals::load(store.clone()).await?);

@@ -16,8 +16,6 @@ use toolhost_store::Store;
 
 use crate::catalog::JsSource;
 
-/// Snapshots one tenant's tools may hold on a node, so no tenant crowds out the others.
-pub const MAX_JS_SNAPSHOTS_PER_TENANT: usize = 8;
 /// Sources whose snapshot failed, remembered so they are not tried again; past this the
 /// memory is cleared (each is then tried once more).
 const MAX_FAILED_REMEMBERED: usize = 4096;
@@ -31,6 +29,8 @@ pub(crate) struct JsSnapshots {
 
 struct Shared {
     sandbox: Arc<Sandbox>,
+    /// Snapshots one tenant's tools may hold, so no tenant crowds out the others.
+    per_tenant: usize,
     /// Ready snapshots by JS source blob sha256, with the tenant whose tool asked for it.
     ready: quick_cache::sync::Cache<String, (Prepared, Arc<str>)>,
     /// Being built, or failed.
@@ -55,12 +55,19 @@ struct Runtime {
 }
 
 impl JsSnapshots {
-    /// `capacity` snapshots at most on this node; 0 turns pre-initialisation off.
-    pub fn new(sandbox: Arc<Sandbox>, store: Arc<dyn Store>, capacity: usize) -> Self {
+    /// `capacity` snapshots at most on this node, `per_tenant` of one tenant's tools; 0
+    /// turns pre-initialisation off.
+    pub fn new(
+        sandbox: Arc<Sandbox>,
+        store: Arc<dyn Store>,
+        (capacity, per_tenant): (usize, usize),
+    ) -> Self {
+        let capacity = if per_tenant == 0 { 0 } else { capacity };
         JsSnapshots {
             store,
             shared: Arc::new(Shared {
                 sandbox,
+                per_tenant,
                 ready: quick_cache::sync::Cache::new(capacity.max(1)),
                 tried: Mutex::default(),
                 building: Arc::new(tokio::sync::Semaphore::new(usize::from(capacity > 0))),
@@ -75,8 +82,7 @@ impl JsSnapshots {
     }
 
     /// Starts building the snapshot of `js` (blob `sha`) for `tenant` unless it exists, is
-    /// being built, failed before, the tenant holds its share, or another build is running
-    /// (a later call asks again).
+    /// being built, failed before, or another build is running (a later call asks again).
     pub async fn request(&self, tenant: &str, sha: &str, js: Arc<JsSource>) {
         let shared = &self.shared;
         if shared.ready.get(sha).is_some() {
@@ -87,16 +93,19 @@ impl JsSnapshots {
         };
         {
             let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
-            let held = shared
+            if tried.failed.contains(sha) || tried.building.contains_key(sha) {
+                return;
+            }
+            // At its share, a tenant's new snapshot (say, of a tool's new version) replaces
+            // one of its own, never another tenant's.
+            let held: Vec<String> = shared
                 .ready
                 .iter()
                 .filter(|(_, (_, owner))| &**owner == tenant)
-                .count();
-            if tried.failed.contains(sha)
-                || tried.building.contains_key(sha)
-                || held >= MAX_JS_SNAPSHOTS_PER_TENANT
-            {
-                return;
+                .map(|(key, _)| key)
+                .collect();
+            for evicted in held.iter().skip(shared.per_tenant - 1) {
+                shared.ready.remove(evicted);
             }
             tried.building.insert(sha.to_owned(), tenant.into());
         }

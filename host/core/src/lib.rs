@@ -37,7 +37,6 @@ pub mod hooks;
 mod host;
 pub mod http_tool;
 mod js_snapshots;
-pub use js_snapshots::MAX_JS_SNAPSHOTS_PER_TENANT;
 pub mod metrics;
 mod pipeline;
 pub mod registry;
