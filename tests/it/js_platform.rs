@@ -36,6 +36,12 @@ async fn call(host: &Host, name: &str, args: Value) -> CallOutcome {
     host.call(&Caller::tenant("acme"), name, args).await
 }
 
+/// Some line of the call's log says `text`.
+fn assert_logged(log: &toolhost::CallLog, text: &str) {
+    let lines = &log.lines;
+    assert!(lines.iter().any(|l| l.message.contains(text)), "{lines:?}");
+}
+
 async fn result(host: &Host, name: &str, args: Value) -> Value {
     let out = call(host, name, args).await;
     out.result
@@ -258,14 +264,7 @@ async fn the_weather_example_fetches_json_under_a_grant() {
     let out = call(&host, &spec.name, json!({"city": "São Paulo"})).await;
     let error = out.result.unwrap_err().to_string();
     assert!(error.contains("TypeError: fetch"), "{error}");
-    assert!(
-        out.log
-            .lines
-            .iter()
-            .any(|l| l.message.contains("not in this tool's network grant")),
-        "{:?}",
-        out.log.lines
-    );
+    assert_logged(&out.log, "not in this tool's network grant");
 
     grant(&host, json!([base])).await;
     let weather = result(&host, &spec.name, json!({"city": "São Paulo"})).await;
@@ -293,14 +292,7 @@ async fn the_weather_component_fetches_json_under_a_grant() {
     let args = json!({"city": "Oslo", "units": "imperial"});
     let out = call(&host, "js_component_weather_now", args.clone()).await;
     assert!(out.result.is_err(), "{:?}", out.result);
-    assert!(
-        out.log
-            .lines
-            .iter()
-            .any(|l| l.message.contains("not in this tool's network grant")),
-        "{:?}",
-        out.log.lines
-    );
+    assert_logged(&out.log, "not in this tool's network grant");
     grant(&host, json!([base])).await;
     let weather = result(&host, "js_component_weather_now", args).await;
     assert_eq!(
@@ -393,14 +385,7 @@ async fn fetch_to_a_non_public_address_is_refused_after_resolution() {
         refused.as_str().unwrap().starts_with("TypeError: fetch"),
         "{refused}"
     );
-    assert!(
-        out.log
-            .lines
-            .iter()
-            .any(|l| l.message.contains("non-public address")),
-        "{:?}",
-        out.log.lines
-    );
+    assert_logged(&out.log, "non-public address");
 }
 
 /// Where a registry package's sources are, from `cargo metadata` (the package is a
@@ -516,64 +501,6 @@ async fn url_passes_the_web_platform_tests_that_the_url_crate_passes() {
     );
 }
 
-/// Calls that started from a pre-initialised snapshot, from the host's metrics.
-fn snapshot_calls(host: &Host) -> u64 {
-    let text = host.metrics().render();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("toolhost_component_loads_total{source=\"snapshot\"}"))
-        .unwrap();
-    line.rsplit(' ').next().unwrap().parse().unwrap()
-}
-
-#[tokio::test]
-async fn a_js_tool_is_pre_initialised_and_answers_from_its_snapshot_with_fresh_state() {
-    let host = host(EgressConfig::default()).await;
-    let source = "const loadedAt = Date.now(); let calls = 0;\n\
-                  export const spec = { name: 'fresh', description: 'A test tool.', parameters: { type: 'object' } };\n\
-                  export default () => ({ loadedAt, calls: ++calls, random: Math.random(), uuid: crypto.randomUUID(), \
-                  now: performance.now(), origin: performance.timeOrigin });";
-    host.install_js("acme", source).await.unwrap();
-    let example = crate::plugins::root().join("plugins/js-source/word_count.js");
-    host.install_js("acme", &std::fs::read_to_string(example).unwrap())
-        .await
-        .unwrap();
-    // Snapshots are built in the background, one at a time; calls meanwhile run as before.
-    until_pre_initialised(&host, "acme", "fresh").await;
-    until_pre_initialised_with(&host, "acme", "js_word_count", json!({"text": "a b a"})).await;
-    let before = snapshot_calls(&host);
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as f64;
-    let one = result(&host, "fresh", json!({})).await;
-    let two = result(&host, "fresh", json!({})).await;
-    assert_eq!(snapshot_calls(&host), before + 2);
-    // Top-level code ran once, in the snapshot; each call starts from it afresh...
-    assert_eq!(one["loadedAt"], two["loadedAt"]);
-    assert_eq!(
-        (one["calls"].clone(), two["calls"].clone()),
-        (json!(1), json!(1))
-    );
-    // ...with its own randomness and clocks.
-    assert_ne!(one["random"], two["random"]);
-    assert_ne!(one["uuid"], two["uuid"]);
-    assert!(one["now"].as_f64().unwrap() < 1_000.0, "{one}");
-    assert!(
-        two["origin"].as_f64().unwrap() >= started,
-        "{two} vs {started}"
-    );
-    assert_eq!(
-        result(
-            &host,
-            "js_word_count",
-            json!({"text": "the cat and the hat"})
-        )
-        .await,
-        json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}})
-    );
-}
-
 /// Calls `tenant`'s `tool` (with no arguments) until a call starts from its snapshot.
 async fn until_pre_initialised(host: &Host, tenant: &str, tool: &str) {
     until_pre_initialised_with(host, tenant, tool, json!({})).await
@@ -582,10 +509,10 @@ async fn until_pre_initialised(host: &Host, tenant: &str, tool: &str) {
 async fn until_pre_initialised_with(host: &Host, tenant: &str, tool: &str, args: Value) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
-        let before = snapshot_calls(host);
+        let before = crate::plugins::snapshot_calls(host);
         let out = host.call(&Caller::tenant(tenant), tool, args.clone()).await;
         assert!(out.result.is_ok(), "{tool}: {:?}", out.result);
-        if snapshot_calls(host) > before {
+        if crate::plugins::snapshot_calls(host) > before {
             return;
         }
         assert!(std::time::Instant::now() < deadline, "{tool}: no snapshot");
@@ -616,14 +543,66 @@ async fn a_tenant_holds_its_share_of_snapshots_and_never_takes_another_tenants()
         until_pre_initialised(&host, "acme", name).await;
     }
     // acme's second snapshot replaced its first...
-    let before = snapshot_calls(&host);
+    let before = crate::plugins::snapshot_calls(&host);
     let out = host.call(&Caller::tenant("acme"), "one", json!({})).await;
     assert_eq!(out.result, Ok(json!("one")));
-    assert_eq!(snapshot_calls(&host), before, "`one` ran from a snapshot");
+    assert_eq!(
+        crate::plugins::snapshot_calls(&host),
+        before,
+        "`one` ran from a snapshot"
+    );
     // ...and globex's stayed.
     let out = host
         .call(&Caller::tenant("globex"), "theirs", json!({}))
         .await;
     assert_eq!(out.result, Ok(json!("theirs")));
-    assert_eq!(snapshot_calls(&host), before + 1);
+    assert_eq!(crate::plugins::snapshot_calls(&host), before + 1);
+}
+
+#[tokio::test]
+async fn a_js_tool_is_pre_initialised_and_answers_from_its_snapshot_with_fresh_state() {
+    let host = host(EgressConfig::default()).await;
+    let source = "const loadedAt = Date.now(); let calls = 0;\n\
+                  export const spec = { name: 'fresh', description: 'A test tool.', parameters: { type: 'object' } };\n\
+                  export default () => ({ loadedAt, calls: ++calls, random: Math.random(), uuid: crypto.randomUUID(), \
+                  now: performance.now(), origin: performance.timeOrigin });";
+    host.install_js("acme", source).await.unwrap();
+    let example = crate::plugins::root().join("plugins/js-source/word_count.js");
+    host.install_js("acme", &std::fs::read_to_string(example).unwrap())
+        .await
+        .unwrap();
+    // Snapshots are built in the background, one at a time; calls meanwhile run as before.
+    until_pre_initialised(&host, "acme", "fresh").await;
+    until_pre_initialised_with(&host, "acme", "js_word_count", json!({"text": "a b a"})).await;
+    let before = crate::plugins::snapshot_calls(&host);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as f64;
+    let one = result(&host, "fresh", json!({})).await;
+    let two = result(&host, "fresh", json!({})).await;
+    assert_eq!(crate::plugins::snapshot_calls(&host), before + 2);
+    // Top-level code ran once, in the snapshot; each call starts from it afresh...
+    assert_eq!(one["loadedAt"], two["loadedAt"]);
+    assert_eq!(
+        (one["calls"].clone(), two["calls"].clone()),
+        (json!(1), json!(1))
+    );
+    // ...with its own randomness and clocks.
+    assert_ne!(one["random"], two["random"]);
+    assert_ne!(one["uuid"], two["uuid"]);
+    assert!(one["now"].as_f64().unwrap() < 1_000.0, "{one}");
+    assert!(
+        two["origin"].as_f64().unwrap() >= started,
+        "{two} vs {started}"
+    );
+    assert_eq!(
+        result(
+            &host,
+            "js_word_count",
+            json!({"text": "the cat and the hat"})
+        )
+        .await,
+        json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}})
+    );
 }

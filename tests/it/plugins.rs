@@ -160,3 +160,13 @@ pub fn search_model() -> Option<PathBuf> {
         }
     }
 }
+
+/// Calls that started from a pre-initialised snapshot, from the host's metrics.
+pub fn snapshot_calls(host: &toolhost::Host) -> u64 {
+    let text = host.metrics().render();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("toolhost_component_loads_total{source=\"snapshot\"}"))
+        .unwrap();
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}

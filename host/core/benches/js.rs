@@ -44,24 +44,14 @@ export default function ({{ text }}) {{
     )
 }
 
-/// Calls that started from a pre-initialised snapshot so far.
-fn snapshot_calls(host: &Host) -> u64 {
-    let text = host.metrics().render();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("toolhost_component_loads_total{source=\"snapshot\"}"))
-        .unwrap();
-    line.rsplit(' ').next().unwrap().parse().unwrap()
-}
-
 /// Calls `tool` until a call starts from its snapshot; how long that took.
 async fn until_pre_initialised(host: &Host, tool: &str, args: &serde_json::Value) -> Duration {
     let start = Instant::now();
     let caller = Caller::tenant("bench");
     loop {
-        let before = snapshot_calls(host);
+        let before = plugins::snapshot_calls(host);
         assert!(host.call(&caller, tool, args.clone()).await.result.is_ok());
-        if snapshot_calls(host) > before {
+        if plugins::snapshot_calls(host) > before {
             return start.elapsed();
         }
         assert!(
