@@ -16,5 +16,6 @@ mod mcp;
 mod pipeline;
 mod plugins;
 mod process;
+mod reuse;
 mod server;
 mod store;

@@ -3,6 +3,9 @@
 //! Rows, measured side by side in one run on one thread:
 //! - `wasm   Host::call`: validate + fresh pooled instance + call + drop + parse + clip;
 //! - `wasm   sandbox only`: fresh instance + call + drop, the floor wasmtime sets;
+//! - `wasm   sandbox only, reused` and `wasm   Host::call, reused`: the same, with the tool
+//!   opted into instance reuse (by the tenant's policy: one kept instance serves up to
+//!   100 000 calls);
 //! - `native Host::call`: the same tool logic as a native Rust tool, through the same pipeline.
 //!
 //! Then the cost of a first call: compiling a component, versus loading its stored artifact
@@ -245,6 +248,43 @@ async fn run() {
     })
     .await;
     row("wasm   sandbox only", &wasm_sandbox);
+
+    let reusing = toolhost::sandbox::Permissions {
+        reuse: Some(toolhost::sandbox::ReusePolicy {
+            key: "bench text_stats".into(),
+            max_calls: 100_000,
+            max_age: std::time::Duration::from_secs(600),
+        }),
+        ..Default::default()
+    };
+    let sandbox_reused = measure(async || {
+        let run = sandbox
+            .call(
+                &prepared,
+                &limits,
+                Helpers::default(),
+                &reusing,
+                Entry::Tool { args: &args_text },
+                &ctx,
+            )
+            .await;
+        assert!(matches!(run.result, Ok(Ok(_))));
+    })
+    .await;
+    row("wasm   sandbox only, reused", &sandbox_reused);
+
+    let reuse =
+        json!({"grants": {"text_stats": {"reuse": {"max_calls": 100_000, "max_age_ms": 600_000}}}});
+    host.set_policy("bench", serde_json::from_value(reuse).unwrap())
+        .await
+        .unwrap();
+    let wasm_reused = measure(async || {
+        let out = host.call(&caller, "text_stats", args.clone()).await;
+        assert!(out.result.is_ok());
+    })
+    .await;
+    row("wasm   Host::call, reused", &wasm_reused);
+    host.set_policy("bench", Default::default()).await.unwrap();
 
     let native = measure(async || {
         let out = host.call(&caller, "text_stats_native", args.clone()).await;

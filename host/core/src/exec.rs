@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use toolhost_sandbox::egress::EgressConfig;
-use toolhost_sandbox::{Entry, Fault, GuestToolError, Helpers, NestedCall};
+use toolhost_sandbox::{Entry, Fault, GuestToolError, Helpers, NestedCall, ReusePolicy};
 use toolhost_spec::call::{CallContext, CallError, ToolError};
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::Limits;
@@ -183,6 +183,16 @@ impl Executors {
         };
         let (tools, mut nested_calls) = tokio::sync::mpsc::channel(1);
         permissions.tools = Some(tools);
+        // Opted in by the tenant's policy: one tenant's one tool of one component.
+        if js.is_none()
+            && let Some(reuse) = policy.grants_for(&ctx.tool).reuse
+        {
+            permissions.reuse = Some(ReusePolicy {
+                key: format!("{}\0{}\0{}", ctx.tenant, ctx.tool, tool.version.component),
+                max_calls: reuse.max_calls,
+                max_age: std::time::Duration::from_millis(reuse.max_age_ms),
+            });
+        }
         let _live = self.metrics.instance();
         let sandbox = self.components.sandbox();
         let run = sandbox.call(&prepared, limits, helpers.clone(), &permissions, entry, ctx);

@@ -122,6 +122,7 @@ pub async fn permissions(
         dirs: Vec::new(),
         tools: None,
         files: None,
+        reuse: None,
     };
     if grants.filesystem.is_empty() {
         return Ok(permissions);

@@ -15,6 +15,7 @@ pub mod helpers;
 #[cfg(feature = "wasi-http")]
 mod outbound;
 mod redact;
+mod reuse;
 mod sandbox;
 pub mod snapshot;
 pub mod turns;

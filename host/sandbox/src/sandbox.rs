@@ -36,10 +36,10 @@ use toolhost_spec::digest::hex;
 use toolhost_spec::policy::NetworkRule;
 use toolhost_spec::spec::{Limits, MEMORY_BYTES};
 
-mod v0_1;
+pub(crate) mod v0_1;
 
 /// The current `toolhost:plugin`, which the SDKs build against.
-mod bindings {
+pub(crate) mod bindings {
     #![allow(missing_docs)]
     wasmtime::component::bindgen!({
         path: "../../wit",
@@ -180,6 +180,20 @@ pub struct Permissions {
     pub tools: Option<tokio::sync::mpsc::Sender<NestedCall>>,
     /// The tenant's files budget, which writes to `dirs` are charged to; `None`: unbounded.
     pub files: Option<Arc<FilesBudget>>,
+    /// Whether this call may run in an instance an earlier call left, and leave its own.
+    pub reuse: Option<ReusePolicy>,
+}
+
+/// Lets calls with the same `key` share an instance (see [`crate::reuse`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReusePolicy {
+    /// Calls with equal keys may share instances: the caller puts the tenant, the tool, the
+    /// component and anything else that must match in it.
+    pub key: String,
+    /// Calls one instance serves.
+    pub max_calls: u32,
+    /// From an instance's first call to its last.
+    pub max_age: Duration,
 }
 
 /// A guest's `call-tool`: served by whoever runs the call, answered on `reply`.
@@ -249,7 +263,7 @@ pub struct Prepared {
 
 /// A tool component, of the `toolhost:plugin` version it was built against.
 #[derive(Clone)]
-enum PluginPre {
+pub(crate) enum PluginPre {
     Current(bindings::PluginPre<CallState>),
     V0_1(v0_1::PluginPre<CallState>),
 }
@@ -274,14 +288,16 @@ pub enum Entry<'a> {
 
 /// The engine, its pooled instances and the limits every call runs under. One per host.
 pub struct Sandbox {
-    engine: Engine,
+    pub(crate) engine: Engine,
     linker: Linker<CallState>,
     slots: Arc<Semaphore>,
     /// The memory budget in MiB: each instance holds its `memory_bytes`, rounded up.
     memory_mib: Arc<Semaphore>,
     config: SandboxConfig,
     fingerprint: String,
-    turns: Arc<Turns>,
+    pub(crate) turns: Arc<Turns>,
+    /// Instances kept for calls that may reuse them.
+    pub(crate) idle: crate::reuse::Idle,
     /// Dropping it stops the epoch ticker.
     _ticker: mpsc::Sender<()>,
 }
@@ -312,6 +328,7 @@ impl Sandbox {
         let turns = Turns::new(config.cpu_turns, 2 * config.epoch_tick);
         let ticker = spawn_epoch_ticker(engine.clone(), turns.clone(), config.epoch_tick);
         Ok(Sandbox {
+            idle: crate::reuse::Idle::new(config.max_instances),
             turns,
             slots: Arc::new(Semaphore::new(config.max_instances as usize)),
             memory_mib: Arc::new(Semaphore::new(mib(config.memory_budget_bytes) as usize)),
@@ -459,6 +476,12 @@ impl Sandbox {
                 let Some(pre) = prepared.plugin.clone() else {
                     return Run::host_fault("not a tool component");
                 };
+                if let Some(reuse) = &permissions.reuse
+                    && permissions.dirs.is_empty()
+                {
+                    let call = (limits, helpers, permissions, &*tool, &*args, &guest_ctx);
+                    return self.call_reusing(tenant, pre, reuse, call).await;
+                }
                 self.run(tenant, limits, helpers, permissions, move |store| {
                     Box::pin(async move {
                         match pre {
@@ -493,6 +516,38 @@ impl Sandbox {
         }
     }
 
+    /// An instance slot and the call's memory from the budget, waited for until `deadline`.
+    /// Instances kept idle for reuse give theirs back first when either runs short.
+    pub(crate) async fn admit(
+        &self,
+        limits: &Limits,
+        deadline: Instant,
+    ) -> Result<Admitted, Fault> {
+        let memory = mib(limits.memory_bytes).min(mib(self.config.memory_budget_bytes));
+        if self.slots.available_permits() == 0
+            || self.memory_mib.available_permits() < memory as usize
+        {
+            self.idle.clear();
+        }
+        let admitted = tokio::time::timeout_at(deadline.into(), async {
+            let slot = self.slots.clone().acquire_owned().await;
+            let memory = self
+                .memory_mib
+                .clone()
+                .acquire_many_owned(memory as u32)
+                .await;
+            (slot, memory)
+        });
+        match admitted.await {
+            Err(_elapsed) => Err(Fault::Timeout),
+            // Closed only if the sandbox is dropped, which cannot happen while `&self` lives.
+            Ok((Err(_), _) | (_, Err(_))) => {
+                Err(Fault::Host("the sandbox is shutting down".into()))
+            }
+            Ok((Ok(slot), Ok(memory))) => Ok((slot, memory)),
+        }
+    }
+
     /// Instantiates, runs `entry` under `limits`, and drops the instance.
     pub(crate) async fn run<T>(
         &self,
@@ -508,28 +563,14 @@ impl Sandbox {
     ) -> Run<T> {
         // Waiting for a slot and for memory counts against the call's time.
         let deadline = Instant::now() + limits.timeout();
-        let memory = mib(limits.memory_bytes).min(mib(self.config.memory_budget_bytes));
-        let admitted = tokio::time::timeout_at(deadline.into(), async {
-            let slot = self.slots.clone().acquire_owned().await;
-            let memory = self
-                .memory_mib
-                .clone()
-                .acquire_many_owned(memory as u32)
-                .await;
-            (slot, memory)
-        });
-        let (slot, memory) = match admitted.await {
-            Err(_elapsed) => {
+        let (slot, memory) = match self.admit(limits, deadline).await {
+            Ok(admitted) => admitted,
+            Err(fault) => {
                 return Run {
-                    result: Err(Fault::Timeout),
+                    result: Err(fault),
                     fuel_used: 0,
                 };
             }
-            // Closed only if the sandbox is dropped, which cannot happen while `&self` lives.
-            Ok((Err(_), _) | (_, Err(_))) => {
-                return Run::host_fault("the sandbox is shutting down");
-            }
-            Ok((Ok(slot), Ok(memory))) => (slot, memory),
         };
         let turn = self.turns.guest(tenant);
         let call = (limits, helpers, permissions, deadline, turn);
@@ -542,24 +583,56 @@ impl Sandbox {
                 };
             }
         };
-        let execution = entry(&mut store);
-        // The epoch deadline stops guest code; this stops a guest blocked in a host call.
-        let outcome = tokio::time::timeout_at(deadline.into(), execution).await;
-        let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
-        let result = match outcome {
-            Err(_elapsed) => Err(Fault::Timeout),
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(classify(store.data(), &error)),
-        };
-        // Giving back a large memory (madvise over every touched page) takes milliseconds to
-        // hundreds of them: off the async workers, which other tenants' calls need. The slot
-        // and the memory budget are released once it is done.
-        if store.data().memory.used > RELEASE_OFF_WORKER_BYTES {
-            tokio::task::spawn_blocking(move || drop((store, slot, memory)));
-        }
-        Run { result, fuel_used }
+        let run = execute(&mut store, limits, deadline, entry).await;
+        release(store, (slot, memory));
+        run
     }
 }
+
+/// Runs `entry` in `store` until it returns or `deadline`, and says how it ended.
+pub(crate) async fn execute<T>(
+    store: &mut Store<CallState>,
+    limits: &Limits,
+    deadline: Instant,
+    entry: impl for<'s> FnOnce(
+        &'s mut Store<CallState>,
+    ) -> Pin<Box<dyn Future<Output = wasmtime::Result<T>> + Send + 's>>,
+) -> Run<T> {
+    let execution = entry(store);
+    // The epoch deadline stops guest code; this stops a guest blocked in a host call.
+    let outcome = tokio::time::timeout_at(deadline.into(), execution).await;
+    ended(store, limits, outcome)
+}
+
+/// How a run that ended with `outcome` (`Err`: past its deadline) went, and its fuel.
+pub(crate) fn ended<T>(
+    store: &Store<CallState>,
+    limits: &Limits,
+    outcome: Result<wasmtime::Result<T>, tokio::time::error::Elapsed>,
+) -> Run<T> {
+    let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
+    let result = match outcome {
+        Err(_elapsed) => Err(Fault::Timeout),
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(classify(store.data(), &error)),
+    };
+    Run { result, fuel_used }
+}
+
+/// Drops an instance and gives back its slot and memory. A large memory (madvise over every
+/// touched page) takes milliseconds to hundreds of them: then off the async workers, which
+/// other tenants' calls need, and the slot and budget are released once it is done.
+pub(crate) fn release(store: Store<CallState>, admitted: Admitted) {
+    if store.data().memory.used > RELEASE_OFF_WORKER_BYTES {
+        tokio::task::spawn_blocking(move || drop((store, admitted)));
+    }
+}
+
+/// An instance slot and the call's share of the memory budget, held while it lives.
+pub(crate) type Admitted = (
+    tokio::sync::OwnedSemaphorePermit,
+    tokio::sync::OwnedSemaphorePermit,
+);
 
 /// The CPU turns of guests that run while a tenant installs (`list-tools`, a JS module's
 /// spec): one group for all.
@@ -668,7 +741,7 @@ fn spawn_epoch_ticker(engine: Engine, turns: Arc<Turns>, tick: Duration) -> mpsc
     stop
 }
 
-fn new_store(
+pub(crate) fn new_store(
     engine: &Engine,
     (limits, helpers, permissions, deadline, turn): (
         &Limits,
@@ -680,8 +753,9 @@ fn new_store(
 ) -> Result<Store<CallState>, String> {
     // No env, args or sockets, and only the granted directories and HTTP destinations.
     let mut wasi = WasiCtx::builder();
-    wasi.stdout(Capture(helpers.clone(), Stream::Stdout))
-        .stderr(Capture(helpers.clone(), Stream::Stderr))
+    let log_to = Arc::new(std::sync::Mutex::new(helpers.clone()));
+    wasi.stdout(Capture(log_to.clone(), Stream::Stdout))
+        .stderr(Capture(log_to.clone(), Stream::Stderr))
         .allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false);
@@ -717,6 +791,7 @@ fn new_store(
             helpers: helpers.clone(),
         },
         table: ResourceTable::new(),
+        log_to,
         memory: MemoryCap {
             limit: limits.memory_bytes as usize,
             used: 0,
@@ -729,6 +804,12 @@ fn new_store(
     store
         .set_fuel(limits.fuel)
         .expect("fuel is enabled on this engine");
+    arm(&mut store, deadline);
+    Ok(store)
+}
+
+/// Checks `deadline` at every epoch tick, from the next one.
+pub(crate) fn arm(store: &mut Store<CallState>, deadline: Instant) {
     // Check the deadline at every tick and yield to the executor, so that busy guests never
     // starve other calls. `yield_now` defers the wake-up until tokio has polled its timers
     // and sockets; a plain yield would let guests delay them by 61 ticks. A guest that goes
@@ -751,7 +832,6 @@ fn new_store(
             ),
         })
     });
-    Ok(store)
 }
 
 /// `tools.call-tool`: hands the call to whoever runs this one, and waits for the answer.
@@ -782,7 +862,7 @@ async fn call_tool(
     Ok((answer.result,))
 }
 
-fn classify(state: &CallState, error: &wasmtime::Error) -> Fault {
+pub(crate) fn classify(state: &CallState, error: &wasmtime::Error) -> Fault {
     // Checked first: a memory refusal surfaces as an error of ours, not as a `Trap`.
     if state.memory.exceeded {
         return Fault::MemoryLimit;
@@ -807,8 +887,45 @@ pub struct CallState {
     #[cfg(feature = "wasi-http")]
     outbound: Outbound,
     pub(crate) table: ResourceTable,
+    /// Where stdout and stderr go: this call's log (swapped when the instance is reused).
+    log_to: Arc<std::sync::Mutex<Helpers>>,
     memory: MemoryCap,
     helpers: Helpers,
+}
+
+impl CallState {
+    /// Points a reused instance's state at a new call: its log, deadline, turn, nested
+    /// calls, network rules and memory cap. The instance keeps its memory and its WASI
+    /// resources.
+    pub(crate) fn rebind(
+        &mut self,
+        (limits, helpers, permissions, deadline, turn): (
+            &Limits,
+            Helpers,
+            &Permissions,
+            Instant,
+            GuestTurn,
+        ),
+    ) {
+        self.tools = permissions.tools.clone();
+        self.deadline = deadline;
+        self.turn = turn;
+        *self.log_to.lock().unwrap_or_else(|p| p.into_inner()) = helpers.clone();
+        #[cfg(feature = "wasi-http")]
+        {
+            self.outbound.rules = permissions.network.clone();
+            self.outbound.egress = permissions.egress.clone();
+            self.outbound.helpers = helpers.clone();
+        }
+        self.memory.limit = limits.memory_bytes as usize;
+        self.memory.exceeded = false;
+        self.helpers = helpers;
+    }
+
+    /// Memory the instance holds now.
+    pub(crate) fn memory_used(&self) -> usize {
+        self.memory.used
+    }
 }
 
 impl WasiView for CallState {
@@ -899,7 +1016,14 @@ impl ResourceLimiter for MemoryCap {
 /// Guest stdout or stderr, written into the call's log. Always accepts the write (a guest
 /// whose `println!` failed would panic); bytes past the cap are counted and dropped.
 #[derive(Clone)]
-struct Capture(Helpers, Stream);
+struct Capture(Arc<std::sync::Mutex<Helpers>>, Stream);
+
+impl Capture {
+    fn write(&self, bytes: &[u8]) {
+        let helpers = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        helpers.write(self.1, bytes);
+    }
+}
 
 impl IsTerminal for Capture {
     fn is_terminal(&self) -> bool {
@@ -920,7 +1044,7 @@ impl StdoutStream for Capture {
 #[wasmtime_wasi::async_trait]
 impl OutputStream for Capture {
     fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
-        self.0.write(self.1, &bytes);
+        Capture::write(self, &bytes);
         Ok(())
     }
 
@@ -944,7 +1068,7 @@ impl tokio::io::AsyncWrite for Capture {
         _: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        self.0.write(self.1, buf);
+        Capture::write(&self, buf);
         Poll::Ready(Ok(buf.len()))
     }
 

@@ -125,7 +125,28 @@ pub struct Grants {
     /// Directories of the tenant's files the tool may open.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub filesystem: Vec<DirGrant>,
+    /// Lets one instance of the tool serve several of this tenant's calls of it, instead of
+    /// a fresh instance for each: what a call leaves in the instance's memory, the next one
+    /// sees. Never across tenants or tools, never for a tool with `filesystem` grants.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reuse: Option<Reuse>,
 }
+
+/// How long one instance may serve calls (see [`Grants::reuse`]). It is dropped after a
+/// fault of any kind (a trap, a timeout, fuel or memory running out) as well.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reuse {
+    /// Calls one instance serves, 1 to [`MAX_REUSE_CALLS`].
+    pub max_calls: u32,
+    /// Milliseconds from an instance's first call to its last, 1 to [`MAX_REUSE_AGE_MS`].
+    pub max_age_ms: u64,
+}
+
+/// The most calls [`Reuse::max_calls`] allows.
+pub const MAX_REUSE_CALLS: u32 = 100_000;
+/// The longest [`Reuse::max_age_ms`] allows: ten minutes.
+pub const MAX_REUSE_AGE_MS: u64 = 600_000;
 
 /// A directory of the tenant's files, mapped into the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -258,6 +279,14 @@ impl TenantPolicy {
             if matches_any(std::slice::from_ref(pattern), tool) {
                 merged.network.extend(grants.network.iter().cloned());
                 merged.filesystem.extend(grants.filesystem.iter().cloned());
+                // Several matching grants: the most cautious reuse wins.
+                merged.reuse = match (merged.reuse, grants.reuse) {
+                    (Some(a), Some(b)) => Some(Reuse {
+                        max_calls: a.max_calls.min(b.max_calls),
+                        max_age_ms: a.max_age_ms.min(b.max_age_ms),
+                    }),
+                    (a, b) => a.or(b),
+                };
             }
         }
         merged
@@ -323,6 +352,18 @@ impl TenantPolicy {
                     field: "grants",
                     rule,
                 });
+            }
+            if let Some(reuse) = grants.reuse {
+                if !(1..=MAX_REUSE_CALLS).contains(&reuse.max_calls) {
+                    let rule = format!("must be 1 to {MAX_REUSE_CALLS}");
+                    let field = "grants.reuse.max_calls";
+                    return Err(PolicyError { field, rule });
+                }
+                if !(1..=MAX_REUSE_AGE_MS).contains(&reuse.max_age_ms) {
+                    let rule = format!("must be 1 to {MAX_REUSE_AGE_MS}");
+                    let field = "grants.reuse.max_age_ms";
+                    return Err(PolicyError { field, rule });
+                }
             }
             for dir in &grants.filesystem {
                 if !is_plain_relative(&dir.dir) {

@@ -22,8 +22,8 @@ mod bindings {
     });
 }
 
-pub(super) use bindings::PluginPre;
 use bindings::toolhost::plugin::{helpers, types};
+pub(crate) use bindings::{Plugin, PluginPre};
 
 /// Adds 0.1.0's `types` and `helpers`; `tools.call-tool` is linked by hand with the current one.
 pub(super) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
