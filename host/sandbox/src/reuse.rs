@@ -218,7 +218,10 @@ impl Sandbox {
         let run = ended(&instance.store, limits, outcome);
         instance.calls += 1;
         match run.result {
-            Ok(_) if !instance.expired() => self.idle.put(instance),
+            Ok(_) if !instance.expired() => {
+                instance.store.data_mut().set_turn(self.turns.guest(tenant));
+                self.idle.put(instance);
+            }
             _ => instance.drop_now(),
         }
         run

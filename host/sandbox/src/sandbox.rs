@@ -922,6 +922,11 @@ impl CallState {
         self.helpers = helpers;
     }
 
+    /// Between calls: the instance holds no CPU turn (nor waits for one).
+    pub(crate) fn set_turn(&mut self, turn: GuestTurn) {
+        self.turn = turn;
+    }
+
     /// Memory the instance holds now.
     pub(crate) fn memory_used(&self) -> usize {
         self.memory.used
