@@ -741,15 +741,13 @@ fn spawn_epoch_ticker(engine: Engine, turns: Arc<Turns>, tick: Duration) -> mpsc
     stop
 }
 
+/// What a store is made, or rebound, for: one call's limits, log, permissions, deadline and
+/// CPU turn.
+pub(crate) type ForCall<'a> = (&'a Limits, Helpers, &'a Permissions, Instant, GuestTurn);
+
 pub(crate) fn new_store(
     engine: &Engine,
-    (limits, helpers, permissions, deadline, turn): (
-        &Limits,
-        Helpers,
-        &Permissions,
-        Instant,
-        GuestTurn,
-    ),
+    (limits, helpers, permissions, deadline, turn): ForCall<'_>,
 ) -> Result<Store<CallState>, String> {
     // No env, args or sockets, and only the granted directories and HTTP destinations.
     let mut wasi = WasiCtx::builder();
@@ -897,16 +895,7 @@ impl CallState {
     /// Points a reused instance's state at a new call: its log, deadline, turn, nested
     /// calls, network rules and memory cap. The instance keeps its memory and its WASI
     /// resources.
-    pub(crate) fn rebind(
-        &mut self,
-        (limits, helpers, permissions, deadline, turn): (
-            &Limits,
-            Helpers,
-            &Permissions,
-            Instant,
-            GuestTurn,
-        ),
-    ) {
+    pub(crate) fn rebind(&mut self, (limits, helpers, permissions, deadline, turn): ForCall<'_>) {
         self.tools = permissions.tools.clone();
         self.deadline = deadline;
         self.turn = turn;
