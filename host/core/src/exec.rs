@@ -183,12 +183,14 @@ impl Executors {
         };
         let (tools, mut nested_calls) = tokio::sync::mpsc::channel(1);
         permissions.tools = Some(tools);
-        // Opted in by the tenant's policy: one tenant's one tool of one component.
+        // Opted in by the tenant's policy: one tenant's one tool of one component, under one
+        // memory cap (a kept instance holds that much of the memory budget).
         if js.is_none()
             && let Some(reuse) = policy.grants_for(&ctx.tool).reuse
         {
+            let (tenant, name, sha) = (&ctx.tenant, &ctx.tool, &tool.version.component);
             permissions.reuse = Some(ReusePolicy {
-                key: format!("{}\0{}\0{}", ctx.tenant, ctx.tool, tool.version.component),
+                key: format!("{tenant}\0{name}\0{sha}\0{}", limits.memory_bytes),
                 max_calls: reuse.max_calls,
                 max_age: std::time::Duration::from_millis(reuse.max_age_ms),
             });
