@@ -70,6 +70,7 @@ impl Guest for JsRuntime {
     }
 
     fn init(source: String) -> Result<(), String> {
+        web::begin_call();
         let message = |e| match e {
             ToolError::Failed(message) | ToolError::InvalidArgs(message) => message,
         };

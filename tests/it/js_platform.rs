@@ -606,3 +606,21 @@ async fn a_js_tool_is_pre_initialised_and_answers_from_its_snapshot_with_fresh_s
         json!({"words": 5, "distinct": 4, "most_frequent": {"word": "the", "count": 2}})
     );
 }
+
+/// Two tenants with the same source get snapshots of their own: top-level code (here a
+/// random id) ran once for each, never once for both.
+#[tokio::test]
+async fn tenants_with_the_same_source_never_share_a_snapshot() {
+    let host = host(EgressConfig::default()).await;
+    let source = "const id = crypto.randomUUID();\n\
+                  export const spec = { name: 'ident', description: 'A test tool.', parameters: { type: 'object' } };\n\
+                  export default () => id;";
+    let mut ids = Vec::new();
+    for tenant in ["acme", "globex"] {
+        host.install_js(tenant, source).await.unwrap();
+        until_pre_initialised(&host, tenant, "ident").await;
+        let out = host.call(&Caller::tenant(tenant), "ident", json!({})).await;
+        ids.push(out.result.unwrap());
+    }
+    assert_ne!(ids[0], ids[1]);
+}

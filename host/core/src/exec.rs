@@ -73,7 +73,10 @@ impl Executors {
         }
         let sha = &tool.version.component;
         if let Ok(js) = self.parsed_blob(&self.js_sources, sha, "JS source").await {
-            self.js_snapshots.request(&tool.tenant, sha, js).await;
+            let limits = tool.spec().limits.clone();
+            self.js_snapshots
+                .request(&tool.tenant, sha, js, limits)
+                .await;
         }
     }
 
@@ -146,11 +149,12 @@ impl Executors {
             .map_or(&tool.version.component, |js| &js.runtime);
         let snapshot = match &js {
             Some(js) => {
-                let sha = &tool.version.component;
-                let ready = self.js_snapshots.ready(sha);
+                let (tenant, sha) = (&tool.tenant, &tool.version.component);
+                let ready = self.js_snapshots.ready(tenant, sha);
                 if ready.is_none() {
+                    let limits = tool.spec().limits.clone();
                     self.js_snapshots
-                        .request(&tool.tenant, sha, js.clone())
+                        .request(tenant, sha, js.clone(), limits)
                         .await;
                 }
                 ready

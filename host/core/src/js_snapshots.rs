@@ -8,17 +8,21 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use toolhost_sandbox::snapshot::{self, describe_failure};
-use toolhost_sandbox::{LoadError, Prepared, Sandbox};
+use toolhost_sandbox::{Fault, LoadError, Prepared, Sandbox};
 use toolhost_spec::spec::Limits;
 use toolhost_store::Store;
 
 use crate::catalog::JsSource;
 
-/// Sources whose snapshot failed, remembered so they are not tried again; past this the
-/// memory is cleared (each is then tried once more).
-const MAX_FAILED_REMEMBERED: usize = 4096;
+/// Failed snapshots (and tenants' last builds) remembered; past this the memory is cleared.
+const MAX_REMEMBERED: usize = 4096;
+/// A tenant that holds its share starts at most one build (replacing one of its snapshots)
+/// in this time, so one tenant calling more tools than its share in turn cannot keep the
+/// builder busy.
+const BUILD_COOLDOWN: Duration = Duration::from_secs(5);
 
 pub(crate) struct JsSnapshots {
     /// Read here, in the caller's task: a build in the background never holds the store, so
@@ -31,7 +35,7 @@ struct Shared {
     sandbox: Arc<Sandbox>,
     /// Snapshots one tenant's tools may hold, so no tenant crowds out the others.
     per_tenant: usize,
-    /// Ready snapshots by JS source blob sha256, with the tenant whose tool asked for it.
+    /// Ready snapshots by [`key`], with their tenant.
     ready: quick_cache::sync::Cache<String, (Prepared, Arc<str>)>,
     /// Being built, or failed.
     tried: Mutex<Tried>,
@@ -43,9 +47,17 @@ struct Shared {
 
 #[derive(Default)]
 struct Tried {
-    /// Source sha256 → its tenant, while building.
-    building: HashMap<String, Arc<str>>,
+    /// Snapshots being built, by [`key`].
+    building: HashSet<String>,
+    /// Snapshots that cannot be made, by [`key`].
     failed: HashSet<String>,
+    /// When each tenant last started a build.
+    last_build: HashMap<String, Instant>,
+}
+
+/// A snapshot's key: its tenant and its JS source blob's sha256.
+fn key(tenant: &str, sha: &str) -> String {
+    format!("{tenant}\0{sha}")
 }
 
 #[derive(Clone)]
@@ -76,67 +88,90 @@ impl JsSnapshots {
         }
     }
 
-    /// The snapshot of the JS source blob `sha`, if one is ready.
-    pub fn ready(&self, sha: &str) -> Option<Prepared> {
-        self.shared.ready.get(sha).map(|(prepared, _)| prepared)
+    /// The snapshot of `tenant`'s JS source blob `sha`, if one is ready. Snapshots are never
+    /// shared between tenants: top-level code (a random key, say) ran once in each.
+    pub fn ready(&self, tenant: &str, sha: &str) -> Option<Prepared> {
+        let key = key(tenant, sha);
+        self.shared.ready.get(&key).map(|(prepared, _)| prepared)
     }
 
-    /// Starts building the snapshot of `js` (blob `sha`) for `tenant` unless it exists, is
-    /// being built, failed before, or another build is running (a later call asks again).
-    pub async fn request(&self, tenant: &str, sha: &str, js: Arc<JsSource>) {
+    /// Starts building the snapshot of `tenant`'s `js` (blob `sha`), under the tool's
+    /// `limits`, unless it exists, is being built, failed for good, would replace one of the
+    /// tenant's within [`BUILD_COOLDOWN`] of its last build, or another build is running (a
+    /// later call asks again).
+    pub async fn request(&self, tenant: &str, sha: &str, js: Arc<JsSource>, limits: Limits) {
         let shared = &self.shared;
-        if shared.ready.get(sha).is_some() {
+        let key = key(tenant, sha);
+        if shared.ready.get(&key).is_some() {
             return;
         }
         let Ok(permit) = shared.building.clone().try_acquire_owned() else {
             return;
         };
-        {
-            let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
-            if tried.failed.contains(sha) || tried.building.contains_key(sha) {
-                return;
-            }
-            // At its share, a tenant's new snapshot (say, of a tool's new version) replaces
-            // one of its own, never another tenant's.
-            let held: Vec<String> = shared
-                .ready
-                .iter()
-                .filter(|(_, (_, owner))| &**owner == tenant)
-                .map(|(key, _)| key)
-                .collect();
-            for evicted in held.iter().skip(shared.per_tenant - 1) {
-                shared.ready.remove(evicted);
-            }
-            tried.building.insert(sha.to_owned(), tenant.into());
-        }
+        // Read before anything is marked: a call cancelled here leaves nothing behind.
         let runtime = match self.runtime(&js.runtime).await {
             Ok(runtime) => runtime,
             Err(error) => {
                 tracing::warn!(%error, "the JS runtime is unreadable; JS tools are not pre-initialised");
-                shared
-                    .tried
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .building
-                    .remove(sha);
                 return;
             }
         };
+        {
+            let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            let full = shared
+                .ready
+                .iter()
+                .filter(|(_, (_, owner))| &**owner == tenant)
+                .count()
+                >= shared.per_tenant;
+            let cooling = full
+                && tried
+                    .last_build
+                    .get(tenant)
+                    .is_some_and(|at| now < *at + BUILD_COOLDOWN);
+            if cooling || tried.failed.contains(&key) || tried.building.contains(&key) {
+                return;
+            }
+            if tried.last_build.len() >= MAX_REMEMBERED {
+                tried.last_build.retain(|_, at| now < *at + BUILD_COOLDOWN);
+            }
+            tried.last_build.insert(tenant.to_owned(), now);
+            tried.building.insert(key.clone());
+        }
         let shared = shared.clone();
-        let (tenant, sha): (Arc<str>, String) = (tenant.into(), sha.to_owned());
+        let tenant: Arc<str> = tenant.into();
         tokio::spawn(async move {
             let _permit = permit;
-            let built = shared.build(&js, runtime).await;
+            let built = shared.build(&js, runtime, &limits).await;
             let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
-            tried.building.remove(&sha);
+            tried.building.remove(&key);
             match built {
-                Ok(prepared) => shared.ready.insert(sha, (prepared, tenant)),
-                Err(reason) => {
-                    tracing::info!(%tenant, sha, %reason, "JS tool not pre-initialised; it runs on the shared runtime");
-                    if tried.failed.len() >= MAX_FAILED_REMEMBERED {
+                Ok(prepared) => {
+                    // At its share, a tenant's new snapshot (say, of a tool's new version)
+                    // replaces one of its own, never another tenant's.
+                    let held: Vec<String> = shared
+                        .ready
+                        .iter()
+                        .filter(|(_, (_, owner))| *owner == tenant)
+                        .map(|(key, _)| key)
+                        .collect();
+                    for evicted in held.iter().skip(shared.per_tenant - 1) {
+                        shared.ready.remove(evicted);
+                    }
+                    shared.ready.insert(key, (prepared, tenant));
+                }
+                Err(Failure::ForGood(reason)) => {
+                    tracing::info!(%tenant, %reason, "JS tool not pre-initialised; it runs on the shared runtime");
+                    if tried.failed.len() >= MAX_REMEMBERED {
                         tried.failed.clear();
                     }
-                    tried.failed.insert(sha);
+                    tried.failed.insert(key);
+                }
+                // A timeout or a host fault under load may not happen again: a later call
+                // asks again.
+                Err(Failure::ForNow(reason)) => {
+                    tracing::debug!(%tenant, %reason, "JS tool not pre-initialised yet");
                 }
             }
         });
@@ -162,22 +197,43 @@ impl JsSnapshots {
     }
 }
 
+/// Why a snapshot was not made.
+enum Failure {
+    /// The module fails in `init`, runs out of fuel or memory, or does not compile.
+    ForGood(String),
+    /// A timeout or a fault of the host, which may pass.
+    ForNow(String),
+}
+
 impl Shared {
-    async fn build(&self, js: &JsSource, runtime: Runtime) -> Result<Prepared, String> {
-        let instrumented = self.instrumented(&js.runtime, &runtime.bytes).await?;
+    async fn build(
+        &self,
+        js: &JsSource,
+        runtime: Runtime,
+        limits: &Limits,
+    ) -> Result<Prepared, Failure> {
+        let instrumented = self
+            .instrumented(&js.runtime, &runtime.bytes)
+            .await
+            .map_err(Failure::ForNow)?;
+        // Under the tool's own limits: a snapshot whose heap outgrew its memory cap could not
+        // serve a single call.
         let run = self
             .sandbox
-            .snapshot_js(runtime.bytes, &instrumented, &js.source, &Limits::default())
+            .snapshot_js(runtime.bytes, &instrumented, &js.source, limits)
             .await;
         if let Some(reason) = describe_failure(&run) {
-            return Err(reason);
+            return Err(match run.result {
+                Err(Fault::Timeout | Fault::Host(_)) => Failure::ForNow(reason),
+                _ => Failure::ForGood(reason),
+            });
         }
         let Ok(Ok(bytes)) = run.result else {
             unreachable!("describe_failure saw no failure")
         };
         // Kept in memory only: a snapshot is cheap to make again, and a tenant's many tools
         // must not fill the disk.
-        self.compile(bytes).await
+        self.compile(bytes).await.map_err(Failure::ForGood)
     }
 
     /// The runtime `sha` instrumented for snapshots, compiled once per node.

@@ -8,6 +8,7 @@
 //! another call wait.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use wasmtime::Store;
@@ -51,6 +52,17 @@ impl Kept {
 pub(crate) struct Idle {
     kept: Mutex<Vec<Kept>>,
     capacity: usize,
+    /// Calls waiting for a slot or memory now.
+    waiters: AtomicUsize,
+}
+
+/// Counts a waiting call while it lives.
+pub(crate) struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Idle {
@@ -58,7 +70,21 @@ impl Idle {
         Idle {
             kept: Mutex::default(),
             capacity: (max_instances as usize / 8).max(1),
+            waiters: AtomicUsize::new(0),
         }
+    }
+
+    /// Marks a call as waiting for a slot or memory until the guard drops.
+    pub fn waiting(&self) -> Waiting<'_> {
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        Waiting(&self.waiters)
+    }
+
+    /// Drops the instances past their age or count. On the epoch ticker's thread, which runs
+    /// no async work: dropped there, at once.
+    pub fn expire(&self) {
+        let expired = extract(&mut self.lock(), Kept::expired);
+        drop(expired);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
@@ -80,11 +106,15 @@ impl Idle {
         found
     }
 
-    /// Keeps `instance` for the next call of its key, unless there is no room.
+    /// Keeps `instance` for the next call of its key, unless there is no room or a call is
+    /// waiting for what it holds.
     fn put(&self, instance: Kept) {
         let mut kept = self.lock();
         let tenant_holds = kept.iter().filter(|k| k.tenant == instance.tenant).count();
-        if kept.len() >= self.capacity || tenant_holds >= IDLE_PER_TENANT {
+        if kept.len() >= self.capacity
+            || tenant_holds >= IDLE_PER_TENANT
+            || self.waiters.load(Ordering::Relaxed) > 0
+        {
             drop(kept);
             instance.drop_now();
             return;

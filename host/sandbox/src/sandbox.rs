@@ -297,7 +297,7 @@ pub struct Sandbox {
     fingerprint: String,
     pub(crate) turns: Arc<Turns>,
     /// Instances kept for calls that may reuse them.
-    pub(crate) idle: crate::reuse::Idle,
+    pub(crate) idle: Arc<crate::reuse::Idle>,
     /// Dropping it stops the epoch ticker.
     _ticker: mpsc::Sender<()>,
 }
@@ -326,9 +326,14 @@ impl Sandbox {
         let fingerprint = fingerprint(&engine);
         // A turn outlives two ticks without its holder's: it is not using the CPU.
         let turns = Turns::new(config.cpu_turns, 2 * config.epoch_tick);
-        let ticker = spawn_epoch_ticker(engine.clone(), turns.clone(), config.epoch_tick);
+        let idle = Arc::new(crate::reuse::Idle::new(config.max_instances));
+        let ticker = spawn_epoch_ticker(
+            engine.clone(),
+            (turns.clone(), idle.clone()),
+            config.epoch_tick,
+        );
         Ok(Sandbox {
-            idle: crate::reuse::Idle::new(config.max_instances),
+            idle,
             turns,
             slots: Arc::new(Semaphore::new(config.max_instances as usize)),
             memory_mib: Arc::new(Semaphore::new(mib(config.memory_budget_bytes) as usize)),
@@ -476,8 +481,11 @@ impl Sandbox {
                 let Some(pre) = prepared.plugin.clone() else {
                     return Run::host_fault("not a tool component");
                 };
+                // Not with grants: a kept instance's requests and open files would outlive
+                // the call that made them.
                 if let Some(reuse) = &permissions.reuse
                     && permissions.dirs.is_empty()
+                    && permissions.network.is_empty()
                 {
                     let call = (limits, helpers, permissions, &*tool, &*args, &guest_ctx);
                     return self.call_reusing(tenant, pre, reuse, call).await;
@@ -529,6 +537,8 @@ impl Sandbox {
         {
             self.idle.clear();
         }
+        // While any call waits, no instance is kept: its slot and memory go to the waiter.
+        let _waiting = self.idle.waiting();
         let admitted = tokio::time::timeout_at(deadline.into(), async {
             let slot = self.slots.clone().acquire_owned().await;
             let memory = self
@@ -726,8 +736,13 @@ fn mib(bytes: u64) -> u64 {
     bytes.div_ceil(1 << 20)
 }
 
-/// One ticker per engine. Stops when the returned sender is dropped.
-fn spawn_epoch_ticker(engine: Engine, turns: Arc<Turns>, tick: Duration) -> mpsc::Sender<()> {
+/// One ticker per engine: it also hands out CPU turns and drops kept instances past their
+/// age. Stops when the returned sender is dropped.
+fn spawn_epoch_ticker(
+    engine: Engine,
+    (turns, idle): (Arc<Turns>, Arc<crate::reuse::Idle>),
+    tick: Duration,
+) -> mpsc::Sender<()> {
     let (stop, stopped) = mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("toolhost-epoch".into())
@@ -735,6 +750,7 @@ fn spawn_epoch_ticker(engine: Engine, turns: Arc<Turns>, tick: Duration) -> mpsc
             while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(tick) {
                 engine.increment_epoch();
                 turns.expire();
+                idle.expire();
             }
         })
         .expect("spawning the epoch thread");

@@ -127,7 +127,8 @@ pub struct Grants {
     pub filesystem: Vec<DirGrant>,
     /// Lets one instance of the tool serve several of this tenant's calls of it, instead of
     /// a fresh instance for each: what a call leaves in the instance's memory, the next one
-    /// sees. Never across tenants or tools, never for a tool with `filesystem` grants.
+    /// sees. Never across tenants or tools, never for a tool with `filesystem` or `network`
+    /// grants. Applies if any grant matching the tool sets it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reuse: Option<Reuse>,
 }
@@ -279,7 +280,8 @@ impl TenantPolicy {
             if matches_any(std::slice::from_ref(pattern), tool) {
                 merged.network.extend(grants.network.iter().cloned());
                 merged.filesystem.extend(grants.filesystem.iter().cloned());
-                // Several matching grants: the most cautious reuse wins.
+                // Reuse applies if any matching grant sets it; with several, the smallest
+                // count and age.
                 merged.reuse = match (merged.reuse, grants.reuse) {
                     (Some(a), Some(b)) => Some(Reuse {
                         max_calls: a.max_calls.min(b.max_calls),
