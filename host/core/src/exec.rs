@@ -73,7 +73,7 @@ impl Executors {
         }
         let sha = &tool.version.component;
         if let Ok(js) = self.parsed_blob(&self.js_sources, sha, "JS source").await {
-            let limits = tool.spec().limits.clone();
+            let limits = tool.spec().limits;
             self.js_snapshots
                 .request(&tool.tenant, sha, js, limits)
                 .await;
@@ -152,7 +152,7 @@ impl Executors {
                 let (tenant, sha) = (&tool.tenant, &tool.version.component);
                 let ready = self.js_snapshots.ready(tenant, sha);
                 if ready.is_none() {
-                    let limits = tool.spec().limits.clone();
+                    let limits = tool.spec().limits;
                     self.js_snapshots
                         .request(tenant, sha, js.clone(), limits)
                         .await;
