@@ -2,6 +2,7 @@
 //! share the example plugins, built once per run (`plugins`).
 
 mod cluster;
+mod console;
 mod crash;
 mod disclosure;
 mod e2e;

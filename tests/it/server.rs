@@ -1183,7 +1183,11 @@ async fn every_keyed_route_checks_the_role_it_needs() {
         (("GET", "/v1/tools/{name}/versions"), Access::Manage),
         (("POST", "/v1/tools/{name}/rollback"), Access::Manage),
         (("POST", "/v1/tools/{name}/call"), Access::Call),
+        (("GET", "/v1/whoami"), Access::Read),
+        (("GET", "/v1/search"), Access::Read),
+        (("GET", "/v1/calls"), Access::Manage),
         (("GET", "/v1/calls/{call_id}"), Access::Call),
+        (("GET", "/v1/stats"), Access::Manage),
         (("GET", "/v1/export"), Access::Read),
         (("GET", "/v1/policy"), Access::Manage),
         (("GET", "/v1/usage"), Access::Manage),
@@ -1438,4 +1442,150 @@ async fn every_operation_answers_as_the_openapi_document_says() {
     assert!(report.contains(" passed"), "it ran: {report}");
     served.stop.send(()).unwrap();
     served.server.await.unwrap().unwrap();
+}
+
+/// What the console reads: who the key is, the agents' search, the recent calls with their
+/// arguments and typed errors, and the per-minute figures; each only of the key's tenant.
+#[tokio::test]
+async fn the_console_routes_answer_for_the_key_s_tenant_only() {
+    let api = api().await;
+    api.host
+        .install("acme", plugin("text_stats"))
+        .await
+        .unwrap();
+    api.host
+        .install("globex", plugin("unit_convert"))
+        .await
+        .unwrap();
+
+    let (status, me) = get(&api, "/v1/whoami", &api.acme).await;
+    assert_eq!(status, StatusCode::OK, "{me}");
+    assert_eq!(
+        (me["tenant"].as_str(), me["role"].as_str()),
+        (Some("acme"), Some("admin"))
+    );
+    assert_eq!(me["may"].as_array().unwrap().len(), 6, "{me}");
+    assert!(
+        me["stdio"].is_null(),
+        "no stdio command was configured: {me}"
+    );
+    let agent = api
+        .host
+        .create_key("acme", toolhost::Role::Agent)
+        .await
+        .unwrap()
+        .secret;
+    let (_, me) = get(&api, "/v1/whoami", &agent).await;
+    assert_eq!(me["may"], json!(["read", "call"]));
+
+    let (status, found) = get(&api, "/v1/search?q=count%20the%20words&limit=3", &api.acme).await;
+    assert_eq!(status, StatusCode::OK, "{found}");
+    let names: Vec<&str> = found["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"text_stats"), "{found}");
+    assert!(
+        !names.iter().any(|n| n.contains("convert")),
+        "globex's tools stay out: {found}"
+    );
+    assert_eq!(
+        get(&api, "/v1/search?q=", &api.acme).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        get(&api, "/v1/search?q=x&limit=0", &api.acme).await.0,
+        StatusCode::BAD_REQUEST
+    );
+
+    let call = |args: Value| {
+        post_json(
+            &api,
+            "/v1/tools/text_stats/call",
+            &api.acme,
+            json!({"arguments": args}),
+        )
+    };
+    let (_, ok) = call(json!({"text": "one two"})).await;
+    assert_eq!(ok["ok"], true, "{ok}");
+    let (_, bad) = call(json!({"text": 5})).await;
+    assert_eq!(bad["error"]["code"], "invalid_args");
+    assert_eq!(
+        bad["error"]["errors"][0]["path"], "/text",
+        "the field at fault: {bad}"
+    );
+    post_json(&api, "/v1/tools/nothing/call", &api.acme, json!({})).await;
+
+    let (status, calls) = get(&api, "/v1/calls", &api.acme).await;
+    assert_eq!(status, StatusCode::OK, "{calls}");
+    let calls = calls["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "a made-up tool is not kept: {calls:?}");
+    assert_eq!(calls[0]["arguments"], json!({"text": 5}), "newest first");
+    assert_eq!(calls[0]["version"], 1);
+    assert_eq!(calls[1]["result"], ok["result"]);
+    assert!(calls[1]["at_ms"].as_u64().unwrap() > 0);
+    let (_, only) = get(&api, "/v1/calls?outcome=invalid_args", &api.acme).await;
+    assert_eq!(only["calls"].as_array().unwrap().len(), 1);
+    let (_, none) = get(&api, "/v1/calls?tool=unit_convert", &api.acme).await;
+    assert_eq!(none["calls"], json!([]));
+    let (_, theirs) = get(&api, "/v1/calls", &api.globex).await;
+    assert_eq!(
+        theirs["calls"],
+        json!([]),
+        "globex sees none of acme's calls"
+    );
+
+    let (status, stats) = get(&api, "/v1/stats?minutes=5", &api.acme).await;
+    assert_eq!(status, StatusCode::OK, "{stats}");
+    assert_eq!(stats["tools"][0]["tool"], "text_stats", "{stats}");
+    let points = stats["tools"][0]["points"].as_array().unwrap();
+    let calls: u64 = points.iter().map(|p| p["calls"].as_u64().unwrap()).sum();
+    let errors: u64 = points.iter().map(|p| p["errors"].as_u64().unwrap()).sum();
+    assert_eq!((calls, errors), (2, 1), "{stats}");
+    assert!(points[0]["p99_ms"].as_f64().unwrap() > 0.0);
+    let (_, theirs) = get(&api, "/v1/stats", &api.globex).await;
+    assert_eq!(theirs["tools"], json!([]));
+}
+
+/// The console is served at `/` with a policy that keeps its page to this server, or, in a
+/// build without it, a page that says how to build it; other paths stay the API's 404.
+#[tokio::test]
+async fn the_console_is_served_at_the_root() {
+    let api = api().await;
+    let request = Request::get("/").body(Body::empty()).unwrap();
+    let response = tower::ServiceExt::oneshot(api.router.clone(), request)
+        .await
+        .unwrap();
+    let built = crate::plugins::root()
+        .join("console/dist/index.html")
+        .exists();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    if built {
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(
+            headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("default-src 'self'") && csp.contains("frame-ancestors 'none'"),
+            "{csp}"
+        );
+        assert!(body.contains("<script"), "{body}");
+    } else {
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body.contains("scripts/build-console"), "{body}");
+    }
+    let (status, body) = get(&api, "/nothing/here", &api.acme).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["code"], "no_route");
+    let (status, _) = send(&api, "POST", "/", None, "text/plain", vec![]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

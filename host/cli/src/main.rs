@@ -378,12 +378,25 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             .with_file_name("js_runtime.wasm");
         beside.exists().then_some(beside)
     });
-    let js_runtime = match js_runtime_path {
+    let js_runtime = match &js_runtime_path {
         Some(path) => Some(
-            std::fs::read(&path)
+            std::fs::read(path)
                 .map_err(|e| usage(format!("--js-runtime {}: {e}", path.display())))?,
         ),
         None => None,
+    };
+    // How an MCP client on this machine starts toolhost over stdio on this data directory
+    // (the console shows it). Not offered on a shared database: its URL may hold a password.
+    let stdio_command: Vec<String> = match (&cli.store, std::env::current_exe()) {
+        (None, Ok(exe)) => {
+            let mut command = vec![exe.display().to_string(), "--data-dir".into()];
+            command.push(data_dir.display().to_string());
+            if let Some(runtime) = &js_runtime_path {
+                command.extend(["--js-runtime".into(), runtime.display().to_string()]);
+            }
+            command
+        }
+        _ => Vec::new(),
     };
     let database = match &cli.store {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
@@ -552,12 +565,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     max_per_tenant: mcp_max_sessions_per_tenant,
                     idle: std::time::Duration::from_secs(mcp_session_idle_secs),
                 },
+                stdio_command,
                 ..Default::default()
             };
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|e| usage(format!("cannot listen on {listen}: {e}")))?;
-            eprintln!("toolhost listening on http://{listen} (API: /openapi.json)");
+            eprintln!("toolhost listening on http://{listen} (console: /, API: /openapi.json)");
             let host = std::sync::Arc::new(host);
             let admin = serve_admin(&host, &data_dir);
             let served =

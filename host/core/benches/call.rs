@@ -6,7 +6,9 @@
 //! - `wasm   sandbox only, reused` and `wasm   Host::call, reused`: the same, with the tool
 //!   opted into instance reuse (by the tenant's policy: one kept instance serves up to
 //!   100 000 calls);
-//! - `native Host::call`: the same tool logic as a native Rust tool, through the same pipeline.
+//! - `native Host::call`: the same tool logic as a native Rust tool, through the same pipeline;
+//! - `… no history`: the same on a host that keeps no call history (what the console's
+//!   recent calls and per-minute figures cost a call).
 //!
 //! Then the cost of a first call: compiling a component, versus loading its stored artifact
 //! after a restart; and calls per second on one and on two worker threads, through
@@ -223,6 +225,29 @@ async fn run() {
     .await;
     row("wasm   Host::call", &wasm_host);
 
+    // What keeping the call history (for the console) costs a call: a host that keeps none.
+    let no_history = Host::open(HostConfig {
+        call_history: 0,
+        ..HostConfig::default()
+    })
+    .await
+    .unwrap();
+    no_history.install("bench", wasm.clone()).await.unwrap();
+    let native_spec = host.describe("bench", "text_stats_native").unwrap().spec;
+    no_history
+        .natives()
+        .register(
+            native_spec,
+            |args, _, _| async move { Ok(text_stats(args)) },
+        )
+        .unwrap();
+    let wasm_no_history = measure(async || {
+        let out = no_history.call(&caller, "text_stats", args.clone()).await;
+        assert!(out.result.is_ok());
+    })
+    .await;
+    row("wasm   Host::call, no history", &wasm_no_history);
+
     let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
     let prepared = sandbox.prepare(&wasm).unwrap();
     let limits = Limits::default();
@@ -292,6 +317,15 @@ async fn run() {
     })
     .await;
     row("native Host::call", &native);
+
+    let native_no_history = measure(async || {
+        let out = no_history
+            .call(&caller, "text_stats_native", args.clone())
+            .await;
+        assert!(out.result.is_ok());
+    })
+    .await;
+    row("native Host::call, no history", &native_no_history);
 
     first_call(&wasm, &args).await;
 }

@@ -71,6 +71,10 @@ pub struct HostConfig {
     pub js_snapshots: usize,
     /// Of those, at most this many of one tenant's tools: its next replaces one of its own.
     pub js_snapshots_per_tenant: usize,
+    /// Calls kept per tenant in its recent-call history (`Host::recent_calls`), within
+    /// [`MAX_HISTORY_BYTES_PER_TENANT`](crate::history::MAX_HISTORY_BYTES_PER_TENANT). 0
+    /// keeps no history and no per-minute figures.
+    pub call_history: usize,
 }
 
 impl Default for HostConfig {
@@ -94,6 +98,7 @@ impl Default for HostConfig {
             js_runtime: None,
             js_snapshots: 64,
             js_snapshots_per_tenant: 8,
+            call_history: 200,
         }
     }
 }

@@ -24,6 +24,7 @@ use crate::config::HostConfig;
 use crate::durable::{self, DurableStatus};
 use crate::error::{InstallError, ManageError, OpenError};
 use crate::exec::Executors;
+use crate::history::{CallFilter, CallRecord, History, ToolStats};
 use crate::hooks::CallHook;
 use crate::http_tool::HttpToolDef;
 use crate::metrics::Metrics;
@@ -120,6 +121,7 @@ impl Host {
             shares: Shares::new(config.tenant_share),
             hooks: Default::default(),
             metrics,
+            history: History::new(config.call_history),
             node: call_ids.node(),
             call_ids,
             durable_wakes,
@@ -423,6 +425,19 @@ impl Host {
     /// The tenant's calls waiting for approval, longest waiting first.
     pub fn pending_approvals(&self, tenant: &str) -> Vec<PendingCall> {
         self.pipeline.pending_approvals(tenant)
+    }
+
+    /// The tenant's recent calls on this node that pass `filter`, newest first (see
+    /// [`HostConfig::call_history`]).
+    pub fn recent_calls(&self, tenant: &str, filter: &CallFilter) -> Vec<CallRecord> {
+        self.pipeline.history.recent(tenant, filter)
+    }
+
+    /// Per tool, the tenant's calls, errors and latency for each minute with calls among
+    /// the last `minutes` (at most [`HISTORY_MINUTES`](crate::history::HISTORY_MINUTES)) on
+    /// this node.
+    pub fn call_stats(&self, tenant: &str, minutes: u64) -> Vec<ToolStats> {
+        self.pipeline.history.stats(tenant, minutes, now_ms())
     }
 
     /// Registers a hook that runs around every call of every tenant, in registration order.

@@ -33,6 +33,7 @@ mod error;
 mod exec;
 pub use exec::MAX_RESULT_BYTES;
 mod grants;
+pub mod history;
 pub mod hooks;
 mod host;
 pub mod http_tool;

@@ -28,6 +28,7 @@ use crate::catalog::{Catalog, Resolved};
 use crate::config::MAX_NESTING_DEPTH;
 use crate::error::InstallError;
 use crate::exec::{self, Executors, MAX_ERROR_CHARS, truncate};
+use crate::history::{CallRecord, History};
 use crate::hooks::{CallHook, HookCall};
 use crate::metrics::Metrics;
 use crate::tenants::Tenants;
@@ -73,6 +74,7 @@ pub(crate) struct Pipeline {
     pub hooks: RwLock<Vec<Arc<dyn CallHook>>>,
     pub approvals: Arc<Approvals>,
     pub metrics: Arc<Metrics>,
+    pub history: History,
     pub call_ids: CallIds,
     /// This node's name in the leases of the durable calls it runs.
     pub node: String,
@@ -106,6 +108,7 @@ impl Pipeline {
             reason: truncate(reason, MAX_ERROR_CHARS),
         });
         self.record(tenant, None, &outcome);
+        self.keep_in_history(tenant, None, pending.args, &outcome);
         Ok(outcome)
     }
 
@@ -147,7 +150,10 @@ impl Pipeline {
             policy.data_quota(),
         );
         let mut outcome = CallOutcome::new(ctx.call_id.clone(), ctx.tool.clone());
+        // Only calls of tools that exist are kept, so made-up names cannot grow the history.
+        let mut kept_args = None;
         if let Some(tool) = &resolved {
+            kept_args = self.history.enabled().then(|| args.clone());
             let run = (budget, cancel, &*policy);
             self.admit_and_run(tool, args, &helpers, &ctx, run, &mut outcome)
                 .await;
@@ -156,7 +162,28 @@ impl Pipeline {
         outcome.duration = started.elapsed();
         let version = resolved.as_ref().map(Resolved::version);
         self.record(&ctx.tenant, version, &outcome);
+        if let Some(args) = kept_args {
+            // A native tool (version 0) has no versions.
+            let version = version.filter(|&v| v > 0);
+            self.keep_in_history(&ctx.tenant, version, args, &outcome);
+        }
         outcome
+    }
+
+    fn keep_in_history(
+        &self,
+        tenant: &str,
+        version: Option<u32>,
+        args: Value,
+        outcome: &CallOutcome,
+    ) {
+        let record = CallRecord {
+            at_ms: now_ms(),
+            version,
+            arguments: args,
+            outcome: outcome.clone(),
+        };
+        self.history.record(tenant, record);
     }
 
     /// One structured event and the metrics, for every outcome.

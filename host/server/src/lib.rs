@@ -1,6 +1,7 @@
 //! toolhost over the network: the HTTP API (`/v1`, key auth, the JSON error shape,
 //! `/openapi.json`), MCP over Streamable HTTP (`/mcp`) and stdio, the progressive-disclosure
-//! bridges (`tool_search`, `tool_describe`, `tool_call`), and the operator's admin socket.
+//! bridges (`tool_search`, `tool_describe`, `tool_call`), the web console (`/`), and the
+//! operator's admin socket.
 //! Everything below it is the `toolhost` library; nothing below it knows HTTP.
 
 #![deny(missing_docs)]
@@ -8,6 +9,7 @@
 pub mod admin;
 mod batch;
 pub mod bridges;
+mod console;
 pub mod events;
 pub mod listener;
 pub mod mcp;

@@ -25,6 +25,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 use toolhost::export::Format;
+use toolhost::history::{CallFilter, HISTORY_MINUTES};
 use toolhost::http_tool::HttpToolDef;
 use toolhost::sandbox::LoadError;
 use toolhost::{
@@ -33,7 +34,8 @@ use toolhost::{
 };
 
 use crate::batch;
-use crate::bridges::{Disclosure, DisclosureConfig};
+use crate::bridges::{Disclosure, DisclosureConfig, TOOL_SEARCH};
+use crate::console;
 use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
 use crate::mcp::{McpServer, McpTenant};
@@ -51,6 +53,7 @@ struct App {
     host: Arc<Host>,
     allowed_origins: Arc<[String]>,
     mcp: Arc<Mcp>,
+    stdio_command: Arc<[String]>,
 }
 
 /// What `/mcp` serves each tenant with: rmcp's Streamable HTTP service over that tenant's
@@ -101,6 +104,10 @@ pub struct ServerOptions {
     pub allowed_origins: Vec<String>,
     /// Caps on MCP sessions, and when an idle one is closed.
     pub mcp_sessions: SessionLimits,
+    /// How an MCP client on this machine starts toolhost over stdio: the program and its
+    /// arguments before `--tenant` (the CLI gives its own path and store). Empty: the
+    /// console offers only Streamable HTTP.
+    pub stdio_command: Vec<String>,
 }
 
 /// The API's routes over `host`, MCP included.
@@ -131,6 +138,7 @@ fn router_with_shutdown(
         host,
         allowed_origins: options.allowed_origins.into(),
         mcp: Arc::new(mcp),
+        stdio_command: options.stdio_command.into(),
     };
     Router::new()
         .route("/mcp", any(mcp_request))
@@ -146,7 +154,11 @@ fn router_with_shutdown(
         .route("/v1/tools/{name}/versions", get(versions))
         .route("/v1/tools/{name}/rollback", post(rollback))
         .route("/v1/tools/{name}/call", post(call))
+        .route("/v1/whoami", get(whoami))
+        .route("/v1/search", get(search))
+        .route("/v1/calls", get(recent_calls))
         .route("/v1/calls/{call_id}", get(durable_call))
+        .route("/v1/stats", get(stats))
         .route("/v1/export", get(export))
         .route("/v1/policy", get(policy))
         .route("/v1/usage", get(usage))
@@ -156,13 +168,14 @@ fn router_with_shutdown(
         .route("/v1/approvals/{call_id}/approve", post(approve))
         .route("/v1/approvals/{call_id}/reject", post(reject))
         .route("/metrics", get(metrics))
-        .fallback(|| async {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "no_route",
-                "no such route; see /openapi.json",
-            )
-        })
+        .fallback(
+            |method: axum::http::Method, uri: axum::http::Uri| async move {
+                console::file(&method, &uri).unwrap_or_else(|| {
+                    let message = "no such route; see /openapi.json";
+                    ApiError::new(StatusCode::NOT_FOUND, "no_route", message).into_response()
+                })
+            },
+        )
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(axum::middleware::map_response(errors_in_one_shape))
         .with_state(app)
@@ -932,6 +945,111 @@ async fn durable_call(
         body["outcome"] = outcome;
     }
     Ok(Json(body))
+}
+
+/// The key's tenant and role, what the role may do, and how an MCP client on this machine
+/// starts toolhost over stdio for the tenant.
+async fn whoami(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
+    let KeyRecord { tenant, role, .. } = &key.0;
+    let may: Vec<&str> = Access::ALL
+        .into_iter()
+        .filter(|access| role.may(*access))
+        .map(Access::name)
+        .collect();
+    let stdio = app.stdio_command.split_first().map(|(command, args)| {
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(["--tenant", tenant, "mcp"]);
+        json!({"command": command, "args": args})
+    });
+    Ok(Json(
+        json!({"tenant": tenant, "role": role.name(), "may": may, "stdio": stdio}),
+    ))
+}
+
+/// The longest search text: a few sentences.
+const MAX_SEARCH_QUERY_BYTES: usize = 1000;
+
+#[derive(Deserialize)]
+struct SearchQuery {
+    q: String,
+    limit: Option<u64>,
+}
+
+/// The search agents get from `tool_search`, over the tenant's tools.
+async fn search(
+    State(app): State<App>,
+    key: Key,
+    Query(query): Query<SearchQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Read)?;
+    if query.q.is_empty() || query.q.len() > MAX_SEARCH_QUERY_BYTES {
+        let message = format!("q must be 1 to {MAX_SEARCH_QUERY_BYTES} bytes");
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            message,
+        ));
+    }
+    let mut args = json!({"query": query.q});
+    if let Some(limit) = query.limit {
+        args["limit"] = limit.into();
+    }
+    let caller = Caller::tenant(tenant);
+    match app.mcp.disclosure.call(&caller, TOOL_SEARCH, args).await {
+        Ok(results) => Ok(Json(results)),
+        Err(error @ CallError::InvalidArgs { .. }) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            error.to_string(),
+        )),
+        Err(error) => Err(ApiError::internal(error)),
+    }
+}
+
+/// The most records `GET /v1/calls` answers with.
+const MAX_CALLS_LISTED: usize = 500;
+
+#[derive(Deserialize)]
+struct CallsQuery {
+    tool: Option<String>,
+    outcome: Option<String>,
+    limit: Option<usize>,
+}
+
+/// The tenant's recent calls on this node, newest first.
+async fn recent_calls(
+    State(app): State<App>,
+    key: Key,
+    Query(query): Query<CallsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
+    let filter = CallFilter {
+        tool: query.tool,
+        outcome: query.outcome,
+        limit: query.limit.unwrap_or(100).min(MAX_CALLS_LISTED),
+    };
+    let calls: Vec<Value> = (app.host.recent_calls(&tenant, &filter).iter())
+        .map(|record| record.to_json())
+        .collect();
+    Ok(Json(json!({ "calls": calls })))
+}
+
+#[derive(Deserialize)]
+struct StatsQuery {
+    minutes: Option<u64>,
+}
+
+/// Per tool, calls, errors and p50/p99 latency for each minute with calls, over the last
+/// hour at most.
+async fn stats(
+    State(app): State<App>,
+    key: Key,
+    Query(query): Query<StatsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = key.tenant_for(Access::Manage)?;
+    let minutes = query.minutes.unwrap_or(HISTORY_MINUTES);
+    let tools = app.host.call_stats(&tenant, minutes);
+    Ok(Json(json!({"bucket_ms": 60_000, "tools": tools})))
 }
 
 async fn policy(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {

@@ -76,6 +76,28 @@ pub enum Access {
 }
 
 impl Access {
+    /// Every access, in declaration order.
+    pub const ALL: [Access; 6] = [
+        Access::Read,
+        Access::Call,
+        Access::CallPrivate,
+        Access::Manage,
+        Access::Decide,
+        Access::SetData,
+    ];
+
+    /// Its name in the API (`GET /v1/whoami`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Call => "call",
+            Access::CallPrivate => "call_private",
+            Access::Manage => "manage",
+            Access::Decide => "decide",
+            Access::SetData => "set_data",
+        }
+    }
+
     /// For error messages: "may not {what}".
     pub fn what(self) -> &'static str {
         match self {

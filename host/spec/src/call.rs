@@ -275,12 +275,16 @@ impl CallOutcome {
             Err(error) => {
                 let mut detail =
                     serde_json::json!({"code": error.code(), "message": error.to_string()});
-                if let CallError::RateLimited {
-                    retry_after_ms: Some(ms),
-                    ..
-                } = error
-                {
-                    detail["retry_after_ms"] = serde_json::json!(ms);
+                match error {
+                    CallError::RateLimited {
+                        retry_after_ms: Some(ms),
+                        ..
+                    } => detail["retry_after_ms"] = serde_json::json!(ms),
+                    // Each violation with the JSON Pointer of the argument at fault.
+                    CallError::InvalidArgs { errors } => {
+                        detail["errors"] = serde_json::json!(errors)
+                    }
+                    _ => {}
                 }
                 body["error"] = detail;
             }

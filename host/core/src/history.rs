@@ -1,0 +1,463 @@
+//! Each tenant's recent calls, for the people who watch them (the console): a bounded ring
+//! of full call records, and per tool, calls, errors and latency per minute over the last
+//! hour. Kept in memory on the node that ran the calls; a restart starts it empty.
+//!
+//! Every part is bounded per tenant whatever the tenant does: records by count and bytes
+//! (an oversized argument or result is kept as a note of its size), series by tool count and
+//! age. Only calls of tools that exist are kept, so a caller cannot grow it with made-up
+//! tenants or names.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+use toolhost_spec::call::{CallError, CallOutcome};
+
+/// The per-minute series cover this many minutes.
+pub const HISTORY_MINUTES: u64 = 60;
+/// A tenant's records take at most this many bytes (their arguments, results and logs).
+pub const MAX_HISTORY_BYTES_PER_TENANT: usize = 1 << 20;
+/// An argument object or a result larger than this is kept as a note of its size.
+const MAX_KEPT_VALUE_BYTES: usize = 16 * 1024;
+/// Series kept per tenant; the tool called least recently gives way to a new one.
+const MAX_SERIES_PER_TENANT: usize = 64;
+/// Latency buckets: bucket `i` holds calls under 2^((i+1)/2) µs; the last, everything
+/// longer (past 2^26 µs, about 67 s).
+const LATENCY_BUCKETS: usize = 52;
+const MINUTE_MS: u64 = 60_000;
+
+/// One call as the history keeps it.
+#[derive(Debug, Clone)]
+pub struct CallRecord {
+    /// When it ended (Unix milliseconds).
+    pub at_ms: u64,
+    /// The tool version that answered, if it was a tenant's tool.
+    pub version: Option<u32>,
+    /// The arguments as the caller passed them.
+    pub arguments: Value,
+    /// Everything it produced.
+    pub outcome: CallOutcome,
+}
+
+impl CallRecord {
+    /// The record as the HTTP API answers it: the outcome's JSON with `at_ms`, `version`
+    /// and `arguments` beside it.
+    pub fn to_json(&self) -> Value {
+        let mut body = self.outcome.to_json();
+        body["at_ms"] = self.at_ms.into();
+        body["version"] = self.version.into();
+        body["arguments"] = self.arguments.clone();
+        body
+    }
+
+    /// Shrinks an oversized argument object or result to a note, and returns about how
+    /// many bytes the record holds.
+    fn keep_small(&mut self) -> usize {
+        let log = &self.outcome.log;
+        let lines: usize = log.lines.iter().map(|l| l.message.len() + 16).sum();
+        let log = lines + log.stdout.len() + log.stderr.len();
+        let result = self.outcome.result.as_mut().map_or(0, keep_small);
+        256 + keep_small(&mut self.arguments) + result + log
+    }
+}
+
+/// Which records [`History::recent`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct CallFilter {
+    /// Only this tool's.
+    pub tool: Option<String>,
+    /// Only this outcome's: `ok` or an error code (`invalid_args`, `timeout`, …).
+    pub outcome: Option<String>,
+    /// At most this many, newest first.
+    pub limit: usize,
+}
+
+/// One minute of one tool's calls.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatsPoint {
+    /// The minute's start (Unix milliseconds).
+    pub at_ms: u64,
+    /// Calls that ended in it.
+    pub calls: u32,
+    /// Of those, the ones that failed (a call held for approval has not failed).
+    pub errors: u32,
+    /// Median latency, to the bucket (±19 %); none when no call ran.
+    pub p50_ms: Option<f64>,
+    /// 99th percentile latency, to the bucket.
+    pub p99_ms: Option<f64>,
+}
+
+/// A tool's minutes that had calls, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolStats {
+    /// The tool's name.
+    pub tool: String,
+    /// Its minutes with calls.
+    pub points: Vec<StatsPoint>,
+}
+
+/// Every tenant's history on this node.
+pub(crate) struct History {
+    records_per_tenant: usize,
+    tenants: RwLock<HashMap<String, Arc<Mutex<TenantHistory>>>>,
+}
+
+#[derive(Default)]
+struct TenantHistory {
+    /// Each with about how many bytes it holds.
+    records: VecDeque<(CallRecord, usize)>,
+    bytes: usize,
+    series: HashMap<String, Series>,
+}
+
+#[derive(Default)]
+struct Series {
+    minutes: VecDeque<Minute>,
+}
+
+struct Minute {
+    start_ms: u64,
+    calls: u32,
+    errors: u32,
+    latency: [u32; LATENCY_BUCKETS],
+}
+
+impl History {
+    /// Keeps up to `records_per_tenant` records for each tenant (0: none, and no series).
+    pub fn new(records_per_tenant: usize) -> Self {
+        History {
+            records_per_tenant,
+            tenants: RwLock::default(),
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.records_per_tenant > 0
+    }
+
+    /// Adds a call of a tool that exists.
+    pub fn record(&self, tenant: &str, mut record: CallRecord) {
+        if !self.enabled() {
+            return;
+        }
+        let bytes = record.keep_small();
+        let history = self.tenant(tenant);
+        let mut history = history.lock().unwrap_or_else(|p| p.into_inner());
+        history.count(&record);
+        history.bytes += bytes;
+        history.records.push_back((record, bytes));
+        while history.records.len() > self.records_per_tenant
+            || history.bytes > MAX_HISTORY_BYTES_PER_TENANT
+        {
+            let Some((_, bytes)) = history.records.pop_front() else {
+                break;
+            };
+            history.bytes -= bytes;
+        }
+    }
+
+    /// The tenant's records that pass `filter`, newest first.
+    pub fn recent(&self, tenant: &str, filter: &CallFilter) -> Vec<CallRecord> {
+        let Some(history) = self.existing(tenant) else {
+            return Vec::new();
+        };
+        let history = history.lock().unwrap_or_else(|p| p.into_inner());
+        history
+            .records
+            .iter()
+            .rev()
+            .map(|(record, _)| record)
+            .filter(|r| filter.tool.as_ref().is_none_or(|t| *t == r.outcome.tool))
+            .filter(|r| {
+                filter
+                    .outcome
+                    .as_ref()
+                    .is_none_or(|o| o == r.outcome.code())
+            })
+            .take(filter.limit)
+            .cloned()
+            .collect()
+    }
+
+    /// Per tool, the minutes with calls among the last `minutes` (at most
+    /// [`HISTORY_MINUTES`]) before `now_ms`, tools by name.
+    pub fn stats(&self, tenant: &str, minutes: u64, now_ms: u64) -> Vec<ToolStats> {
+        let Some(history) = self.existing(tenant) else {
+            return Vec::new();
+        };
+        let since = now_ms.saturating_sub(minutes.min(HISTORY_MINUTES) * MINUTE_MS);
+        let history = history.lock().unwrap_or_else(|p| p.into_inner());
+        let mut stats: Vec<ToolStats> = history
+            .series
+            .iter()
+            .map(|(tool, series)| ToolStats {
+                tool: tool.clone(),
+                points: (series.minutes.iter())
+                    .filter(|m| m.start_ms + MINUTE_MS > since)
+                    .map(Minute::point)
+                    .collect(),
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect();
+        stats.sort_by(|a, b| a.tool.cmp(&b.tool));
+        stats
+    }
+
+    fn existing(&self, tenant: &str) -> Option<Arc<Mutex<TenantHistory>>> {
+        let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        tenants.get(tenant).cloned()
+    }
+
+    fn tenant(&self, tenant: &str) -> Arc<Mutex<TenantHistory>> {
+        if let Some(history) = self.existing(tenant) {
+            return history;
+        }
+        let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+        tenants.entry(tenant.to_owned()).or_default().clone()
+    }
+}
+
+impl TenantHistory {
+    fn count(&mut self, record: &CallRecord) {
+        let outcome = &record.outcome;
+        // Looked up before inserting: a call of a known tool allocates no name.
+        if !self.series.contains_key(&outcome.tool) {
+            if self.series.len() >= MAX_SERIES_PER_TENANT {
+                let stalest = (self.series.iter())
+                    .min_by_key(|(_, s)| s.minutes.back().map_or(0, |m| m.start_ms))
+                    .map(|(tool, _)| tool.clone());
+                if let Some(tool) = stalest {
+                    self.series.remove(&tool);
+                }
+            }
+            self.series.insert(outcome.tool.clone(), Series::default());
+        }
+        let series = self.series.get_mut(&outcome.tool).expect("inserted above");
+        let start_ms = record.at_ms - record.at_ms % MINUTE_MS;
+        if series.minutes.back().is_none_or(|m| m.start_ms < start_ms) {
+            series.minutes.push_back(Minute {
+                start_ms,
+                calls: 0,
+                errors: 0,
+                latency: [0; LATENCY_BUCKETS],
+            });
+        }
+        while (series.minutes.front())
+            .is_some_and(|m| m.start_ms + HISTORY_MINUTES * MINUTE_MS <= start_ms)
+        {
+            series.minutes.pop_front();
+        }
+        // A clock stepped back lands in the newest minute.
+        let minute = series.minutes.back_mut().expect("pushed above");
+        minute.calls += 1;
+        match &outcome.result {
+            Err(CallError::ApprovalRequired { .. }) => return,
+            Err(_) => minute.errors += 1,
+            Ok(_) => {}
+        }
+        minute.latency[latency_bucket(outcome.duration)] += 1;
+    }
+}
+
+impl Minute {
+    fn point(&self) -> StatsPoint {
+        StatsPoint {
+            at_ms: self.start_ms,
+            calls: self.calls,
+            errors: self.errors,
+            p50_ms: self.quantile(0.50),
+            p99_ms: self.quantile(0.99),
+        }
+    }
+
+    /// The upper bound of the bucket holding the `q` quantile, in milliseconds.
+    fn quantile(&self, q: f64) -> Option<f64> {
+        let ran: u32 = self.latency.iter().sum();
+        if ran == 0 {
+            return None;
+        }
+        let rank = ((f64::from(ran) * q).ceil() as u32).max(1);
+        let mut seen = 0;
+        let bucket = self.latency.iter().position(|&n| {
+            seen += n;
+            seen >= rank
+        })?;
+        let upper_us = 2f64.powf((bucket as f64 + 1.0) / 2.0);
+        Some((upper_us / 1e3 * 1e3).round() / 1e3)
+    }
+}
+
+fn latency_bucket(duration: Duration) -> usize {
+    let micros = duration.as_micros().max(1) as f64;
+    ((micros.log2() * 2.0).floor() as usize).min(LATENCY_BUCKETS - 1)
+}
+
+/// Replaces a value over [`MAX_KEPT_VALUE_BYTES`] with a note of its size; returns about
+/// how many bytes is kept.
+fn keep_small(value: &mut Value) -> usize {
+    let bytes = json_bytes(value);
+    if bytes <= MAX_KEPT_VALUE_BYTES {
+        return bytes;
+    }
+    *value = Value::String(format!("({bytes} bytes: too large for the call history)"));
+    json_bytes(value)
+}
+
+/// About the size of `value` as JSON, without writing it.
+fn json_bytes(value: &Value) -> usize {
+    match value {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(|v| json_bytes(v) + 1).sum::<usize>(),
+        Value::Object(map) => {
+            let entries = map.iter().map(|(k, v)| k.len() + 4 + json_bytes(v));
+            2 + entries.sum::<usize>()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn call(tool: &str, at_ms: u64, ms: u64, result: Result<Value, CallError>) -> CallRecord {
+        let mut outcome = CallOutcome::new(format!("c{at_ms}"), tool.to_owned());
+        outcome.result = result;
+        outcome.duration = Duration::from_millis(ms);
+        CallRecord {
+            at_ms,
+            version: Some(1),
+            arguments: json!({"n": at_ms}),
+            outcome,
+        }
+    }
+
+    fn all(limit: usize) -> CallFilter {
+        CallFilter {
+            limit,
+            ..CallFilter::default()
+        }
+    }
+
+    #[test]
+    fn keeps_the_newest_records_of_each_tenant_only() {
+        let history = History::new(3);
+        for at in 0..5 {
+            history.record("acme", call("a", at, 1, Ok(json!(at))));
+        }
+        history.record("globex", call("g", 9, 1, Ok(json!(9))));
+        let kept: Vec<u64> = (history.recent("acme", &all(10)).iter())
+            .map(|r| r.at_ms)
+            .collect();
+        assert_eq!(kept, [4, 3, 2]);
+        assert_eq!(history.recent("globex", &all(10)).len(), 1);
+        assert!(history.recent("initech", &all(10)).is_empty());
+    }
+
+    #[test]
+    fn filters_by_tool_and_outcome() {
+        let history = History::new(10);
+        history.record("acme", call("a", 1, 1, Ok(json!(1))));
+        let timeout = CallError::Timeout { limit_ms: 5 };
+        history.record("acme", call("a", 2, 5, Err(timeout)));
+        history.record("acme", call("b", 3, 1, Ok(json!(3))));
+        let only = |tool: Option<&str>, outcome: Option<&str>| {
+            let filter = CallFilter {
+                tool: tool.map(Into::into),
+                outcome: outcome.map(Into::into),
+                limit: 10,
+            };
+            (history.recent("acme", &filter).iter())
+                .map(|r| r.at_ms)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(only(Some("a"), None), [2, 1]);
+        assert_eq!(only(None, Some("timeout")), [2]);
+        assert_eq!(only(Some("b"), Some("ok")), [3]);
+        assert_eq!(history.recent("acme", &all(1)).len(), 1);
+    }
+
+    #[test]
+    fn a_tenant_s_records_stay_under_its_byte_budget() {
+        let history = History::new(10_000);
+        let big = "x".repeat(MAX_KEPT_VALUE_BYTES - 100);
+        for at in 0..200 {
+            history.record("acme", call("a", at, 1, Ok(json!(big))));
+        }
+        let kept = history.recent("acme", &all(10_000));
+        let bytes: usize = kept.into_iter().map(|mut r| r.keep_small()).sum();
+        let kept = history.recent("acme", &all(10_000));
+        assert!(bytes <= MAX_HISTORY_BYTES_PER_TENANT, "{bytes}");
+        assert!(kept.len() > 10 && kept.len() < 200, "{}", kept.len());
+        // Past the per-value cap, a value is kept as a note of its size.
+        history.record("acme", call("a", 300, 1, Ok(json!("y".repeat(100_000)))));
+        let newest = &history.recent("acme", &all(1))[0];
+        let note = newest.outcome.result.as_ref().unwrap().as_str().unwrap();
+        assert!(note.starts_with("(100002 bytes"), "{note}");
+    }
+
+    #[test]
+    fn counts_each_minute_with_its_errors_and_latency() {
+        let history = History::new(100);
+        let minute = 1_700_000_040_000 - 1_700_000_040_000 % MINUTE_MS;
+        for i in 0..99 {
+            history.record("acme", call("a", minute + i, 1, Ok(json!(i))));
+        }
+        let trap = CallError::Trap {
+            message: "boom".into(),
+        };
+        history.record("acme", call("a", minute + 500, 900, Err(trap)));
+        let held = CallError::ApprovalRequired {
+            call_id: "c".into(),
+        };
+        history.record("acme", call("a", minute + MINUTE_MS, 0, Err(held)));
+        let stats = history.stats("acme", 60, minute + 2 * MINUTE_MS);
+        assert_eq!(stats.len(), 1);
+        let [first, second] = &stats[0].points[..] else {
+            panic!("{stats:?}")
+        };
+        assert_eq!((first.at_ms, first.calls, first.errors), (minute, 100, 1));
+        // 1 ms is in the bucket up to 2^10 µs; 900 ms in the one up to 2^20 µs.
+        assert_eq!(first.p50_ms, Some(1.024));
+        assert_eq!(first.p99_ms, Some(1.024));
+        assert_eq!(history.stats("acme", 60, minute).len(), 1);
+        // A held call counts as a call, not an error, and has no latency.
+        assert_eq!((second.calls, second.errors, second.p50_ms), (1, 0, None));
+        // An hour later the minutes are out of the window.
+        assert!(
+            history
+                .stats("acme", 60, minute + 62 * MINUTE_MS)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn keeps_one_hour_of_minutes_and_a_bounded_number_of_series() {
+        let history = History::new(10);
+        for m in 0..200 {
+            history.record("acme", call("a", m * MINUTE_MS, 1, Ok(json!(m))));
+        }
+        let stats = history.stats("acme", 60, 200 * MINUTE_MS);
+        assert_eq!(stats[0].points.len(), 60);
+        for t in 0..MAX_SERIES_PER_TENANT + 10 {
+            history.record(
+                "acme",
+                call(&format!("t{t}"), 300 * MINUTE_MS, 1, Ok(json!(t))),
+            );
+        }
+        let stats = history.stats("acme", 60, 300 * MINUTE_MS);
+        assert_eq!(stats.len(), MAX_SERIES_PER_TENANT);
+        assert!(stats.iter().all(|s| s.tool != "a"), "the stalest gave way");
+    }
+
+    #[test]
+    fn none_is_kept_when_disabled() {
+        let history = History::new(0);
+        history.record("acme", call("a", 1, 1, Ok(json!(1))));
+        assert!(history.recent("acme", &all(10)).is_empty());
+        assert!(history.stats("acme", 60, 1).is_empty());
+    }
+}
