@@ -9,12 +9,14 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
+import { createRequire } from "node:module";
 import { join } from "node:path";
 import { chromium } from "playwright-core";
 
 const BASE_URL = process.env.TOOLHOST_URL?.replace(/\/+$/, "");
 const KEY = process.env.TOOLHOST_KEY;
 const SCREENSHOTS = process.env.TOOLHOST_SCREENSHOTS;
+const AXE = createRequire(import.meta.url).resolve("axe-core/axe.min.js");
 
 const DESKTOP = { width: 1280, height: 800 };
 const PHONE = { width: 390, height: 844 };
@@ -267,6 +269,11 @@ if (!BASE_URL || !KEY) {
       await eventually(async () => assert.equal(await times.getAttribute("aria-invalid"), "true"));
       assert.notEqual(await name.getAttribute("aria-invalid"), "true");
       assert.ok((await fieldError(page, times)).length > 0, "the times field shows an error");
+
+      // A missing required argument marks the field to fill in.
+      await callGreet(page, "");
+      await eventually(async () => assert.equal(await name.getAttribute("aria-invalid"), "true"));
+      assert.match(await fieldError(page, name), /required/);
       await close(page);
     },
   );
@@ -445,6 +452,38 @@ if (!BASE_URL || !KEY) {
     await page.keyboard.press("Enter");
     await page.getByRole("heading", { level: 1, name: "Tools" }).waitFor();
     await close(page);
+  });
+
+  test("every page passes axe's WCAG 2.1 A and AA rules", { timeout: 120_000 }, async () => {
+    // axe runs as a script injected into the page: this tab alone bypasses the console's
+    // content security policy.
+    const context = await browser.newContext({ viewport: DESKTOP, bypassCSP: true });
+    context.setDefaultTimeout(15_000);
+    const page = await context.newPage();
+    await page.goto(`${BASE_URL}/`);
+    async function audit(where) {
+      if (!(await page.evaluate(() => "axe" in window))) {
+        await page.addScriptTag({ path: AXE });
+      }
+      const violations = await page.evaluate(async () => {
+        const tags = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"];
+        const { violations } = await window.axe.run(document, { runOnly: { type: "tag", values: tags } });
+        return violations.map(({ id, impact, nodes }) => `${id} (${impact}) at ${nodes.map((n) => n.target).join(", ")}`);
+      });
+      assert.deepEqual(violations, [], `${where}: ${violations.join("; ")}`);
+    }
+    await audit("sign-in");
+    await signIn(page);
+    const pages = [["Tools"], ["Upload", "Upload a tool"], ["Calls"], ["Metrics"], ["Config"], ["Approvals"], ["Connect"]];
+    for (const [label, heading] of pages) {
+      await goTo(page, label, heading);
+      await audit(label);
+    }
+    await openTool(page, GREET);
+    await callGreet(page, "A");
+    await outcome(page).getByText("invalid_args").waitFor();
+    await audit("a tool, after a refused call");
+    await context.close();
   });
 
   test("the tools made here are deleted from their pages", { timeout: 60_000 }, async () => {

@@ -453,7 +453,7 @@ async fn the_bridges_enforce_their_own_input_schemas() {
             json!({"query": "units", "limit": 10_000}),
             "/limit",
         ),
-        (TOOL_SEARCH, json!({}), ""),
+        (TOOL_SEARCH, json!({}), "/query"),
         (TOOL_DESCRIBE, json!({"name": ["text_stats"]}), "/name"),
         (
             TOOL_CALL,

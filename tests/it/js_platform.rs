@@ -111,11 +111,12 @@ async fn encoders_urls_crypto_clones_and_clocks_behave() {
         const t0 = performance.now();
         const order = [];
         queueMicrotask(() => order.push("microtask"));
-        setTimeout(() => order.push("timer 2"), 2);
+        // Far enough apart that a slow machine between the two calls cannot swap them.
+        setTimeout(() => order.push("timer 2"), 15);
         setTimeout(() => order.push("timer 1"), 1);
         const cancelled = setTimeout(() => order.push("cancelled"), 0);
         clearTimeout(cancelled);
-        await new Promise((resolve) => setTimeout(resolve, 20));
+        await new Promise((resolve) => setTimeout(resolve, 40));
         const controller = new AbortController();
         controller.abort();
         return {

@@ -31,10 +31,23 @@ impl fmt::Debug for ArgsValidator {
 /// One reason the arguments failed, at one place in them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ArgError {
-    /// JSON Pointer into the arguments (`""` is the arguments object itself).
+    /// JSON Pointer into the arguments (`""` is the arguments object itself); for a missing
+    /// property, where it belongs.
     pub path: String,
     /// What is wrong there.
     pub message: String,
+}
+
+/// Where a violation is: a missing property is at its own place, not its object's, so a
+/// form can mark the field to fill in.
+fn fault_path(error: &jsonschema::ValidationError<'_>) -> String {
+    let path = error.instance_path().to_string();
+    match error.kind() {
+        jsonschema::error::ValidationErrorKind::Required {
+            property: Value::String(name),
+        } => format!("{path}/{}", name.replace('~', "~0").replace('/', "~1")),
+        _ => path,
+    }
 }
 
 impl fmt::Display for ArgError {
@@ -104,7 +117,7 @@ impl ArgsValidator {
             .iter_errors(args)
             .take(MAX_REPORTED_ERRORS)
             .map(|e| ArgError {
-                path: e.instance_path().to_string(),
+                path: fault_path(&e),
                 message: e.to_string(),
             })
             .collect();
@@ -175,6 +188,16 @@ mod tests {
             .into_iter()
             .map(|e| e.path)
             .collect()
+    }
+
+    #[test]
+    fn a_missing_property_is_at_its_own_place() {
+        let schema = json!({"type": "object", "required": ["text", "a/b"], "properties": {
+            "inner": {"type": "object", "required": ["n"]}}});
+        let v = compile(&schema, false).unwrap();
+        let mut found = paths(&v, json!({"inner": {}}));
+        found.sort();
+        assert_eq!(found, ["/a~1b", "/inner/n", "/text"]);
     }
 
     #[test]
