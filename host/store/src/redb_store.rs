@@ -746,6 +746,19 @@ impl RedbFile {
     }
 
     fn cache_purge(&self, now_ms: u64) -> Result<usize> {
+        // Most starts find nothing expired: then there is no write, and no disk flush.
+        let expired = |stored: &[u8]| cache_expired(cache_expiry(stored), now_ms);
+        let any_expired = self.read(CACHE, |cache| {
+            for entry in cache.iter().map_err(backend)? {
+                if expired(entry.map_err(backend)?.1.value()) {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })?;
+        if !any_expired {
+            return Ok(0);
+        }
         self.write(Commit::Durable, |tx| {
             let mut cache = tx.open_table(CACHE)?;
             let mut freed: std::collections::HashMap<String, i64> = Default::default();

@@ -176,6 +176,7 @@ async fn postgres_collects_a_dead_blob_only_once_it_is_an_hour_old() {
 async fn cached_results_expire(store: Arc<dyn Store>) {
     let quota = u64::MAX;
     let store = &store;
+    assert_eq!(store.cache_purge(500).await.unwrap(), 0, "a fresh store");
     store
         .cache_put("t", b"k", 1_000, &json!({"a": 1}), quota)
         .await
@@ -192,6 +193,7 @@ async fn cached_results_expire(store: Arc<dyn Store>) {
         "per tenant"
     );
     assert_eq!(store.cache_purge(500).await.unwrap(), 1);
+    assert_eq!(store.cache_purge(500).await.unwrap(), 0, "nothing left to purge");
     assert_eq!(store.cache_get("t", b"k", 1_000).await.unwrap(), None);
     assert_eq!(
         store.data_bytes("t").await.unwrap(),
