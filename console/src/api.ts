@@ -103,8 +103,9 @@ export interface StatsPoint {
   at_ms: number;
   calls: number;
   errors: number;
-  p50_ms: number;
-  p99_ms: number;
+  /** Null when no call of the minute ran (all held for approval or rejected). */
+  p50_ms: number | null;
+  p99_ms: number | null;
 }
 
 export interface Stats {

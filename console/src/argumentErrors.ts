@@ -24,7 +24,11 @@ export function errorSchemaFromViolations(violations: ArgumentError[]): ErrorSch
   for (const { path, message } of violations) {
     let node = root;
     for (const segment of pointerSegments(path)) {
-      node = (node[segment] ??= {}) as ErrorNode;
+      // Own properties only: a segment such as `__proto__` must not reach Object.prototype.
+      if (!Object.hasOwn(node, segment)) {
+        Object.defineProperty(node, segment, { value: {}, enumerable: true, writable: true, configurable: true });
+      }
+      node = node[segment] as ErrorNode;
     }
     (node.__errors ??= []).push(message);
   }

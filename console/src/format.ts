@@ -1,6 +1,7 @@
 /** Display helpers shared by the pages. */
 
-export const milliseconds = (ms: number) => `${ms < 10 ? ms.toFixed(2) : Math.round(ms).toLocaleString()} ms`;
+export const milliseconds = (ms: number | null | undefined) =>
+  ms == null ? "—" : `${ms < 10 ? ms.toFixed(2) : Math.round(ms).toLocaleString()} ms`;
 
 export function bytes(count: number): string {
   const units = ["bytes", "KiB", "MiB", "GiB"];

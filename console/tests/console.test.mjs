@@ -406,6 +406,8 @@ if (!BASE_URL || !KEY) {
     await goTo(page, "Connect");
     const http = page.getByLabel("MCP over HTTP configuration", { exact: true });
     assert.ok((await http.textContent()).includes(`"url": "${BASE_URL}/mcp"`));
+    assert.ok(!(await http.textContent()).includes(KEY), "the key is left out until asked for");
+    await page.getByLabel("Put my API key in the snippet").check();
     assert.ok((await http.textContent()).includes(`Bearer ${KEY}`));
     await page.getByLabel("Put my API key in the snippet").uncheck();
     assert.ok(!(await http.textContent()).includes(KEY));

@@ -17,7 +17,8 @@ const KEY_PLACEHOLDER = "<your API key>";
 /** What an MCP client or an agent framework needs to reach this tenant's tools. */
 export default function Connect() {
   const { key, whoami } = useSession();
-  const [showKey, setShowKey] = useState(true);
+  // Off until asked for: the page may be on a shared screen.
+  const [showKey, setShowKey] = useState(false);
   const exports = useLoad(() => Promise.all(FORMATS.map(({ format }) => exportTools(format))), []);
 
   const exported = exports.data;

@@ -21,7 +21,7 @@ interface Summary {
 function summarize(points: StatsPoint[]): Summary {
   const calls = points.reduce((sum, point) => sum + point.calls, 0);
   const errors = points.reduce((sum, point) => sum + point.errors, 0);
-  const last = points.filter((point) => point.calls > 0).at(-1);
+  const last = points.filter((point) => point.p50_ms !== null).at(-1);
   return { calls, errors, last };
 }
 
@@ -33,7 +33,7 @@ function everyBucket(points: StatsPoint[], bucketMs: number, minutes: number): S
   const count = Math.max(1, Math.round((minutes * 60_000) / bucketMs));
   return Array.from({ length: count }, (_, index) => {
     const at_ms = last - (count - 1 - index) * bucketMs;
-    return byBucket.get(at_ms) ?? { at_ms, calls: 0, errors: 0, p50_ms: 0, p99_ms: 0 };
+    return byBucket.get(at_ms) ?? { at_ms, calls: 0, errors: 0, p50_ms: null, p99_ms: null };
   });
 }
 
@@ -41,7 +41,8 @@ function everyBucket(points: StatsPoint[], bucketMs: number, minutes: number): S
 export default function Metrics() {
   const filters = useFilterParams();
   const shownTool = filters.get("tool");
-  const minutes = Number(filters.get("minutes")) || 60;
+  // The server keeps an hour; a hand-edited link cannot ask the chart for more.
+  const minutes = Math.min(60, Math.max(1, Math.round(Number(filters.get("minutes")) || 60)));
   const stats = useLoad(() => getStats(minutes), [minutes]);
   const allTools = stats.data?.tools ?? [];
   const tools = allTools.filter(({ tool }) => !shownTool || tool === shownTool);
@@ -126,8 +127,8 @@ export default function Metrics() {
                       <td className="number">
                         {summary.calls ? percent(summary.errors / summary.calls) : "—"}
                       </td>
-                      <td className="number">{summary.last ? milliseconds(summary.last.p50_ms) : "—"}</td>
-                      <td className="number">{summary.last ? milliseconds(summary.last.p99_ms) : "—"}</td>
+                      <td className="number">{milliseconds(summary.last?.p50_ms)}</td>
+                      <td className="number">{milliseconds(summary.last?.p99_ms)}</td>
                     </tr>
                   );
                 })}
@@ -194,14 +195,14 @@ function ToolCharts({ tool, points: listed, bucketMs, minutes }: ToolChartsProps
         datasets: [
           {
             label: "p50 (ms)",
-            data: points.map((point) => (point.calls ? point.p50_ms : null)),
+            data: points.map((point) => point.p50_ms),
             borderColor: COLORS.p50,
             backgroundColor: COLORS.p50,
             spanGaps: true,
           },
           {
             label: "p99 (ms)",
-            data: points.map((point) => (point.calls ? point.p99_ms : null)),
+            data: points.map((point) => point.p99_ms),
             borderColor: COLORS.p99,
             backgroundColor: COLORS.p99,
             spanGaps: true,

@@ -2,10 +2,10 @@
 //! of full call records, and per tool, calls, errors and latency per minute over the last
 //! hour. Kept in memory on the node that ran the calls; a restart starts it empty.
 //!
-//! Every part is bounded per tenant whatever the tenant does: records by count and bytes
-//! (an oversized argument or result is kept as a note of its size), series by tool count and
-//! age. Only calls of tools that exist are kept, so a caller cannot grow it with made-up
-//! tenants or names.
+//! Every part is bounded whatever a tenant does: records by count and bytes (an oversized
+//! argument object or result is kept as a note of its size, and error texts are counted),
+//! series by tool count and age, and tenants by number (the one whose last call is oldest
+//! gives way). Only calls of tools that exist are kept, so made-up tool names cannot grow it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
@@ -23,13 +23,16 @@ pub const MAX_HISTORY_BYTES_PER_TENANT: usize = 1 << 20;
 const MAX_KEPT_VALUE_BYTES: usize = 16 * 1024;
 /// Series kept per tenant; the tool called least recently gives way to a new one.
 const MAX_SERIES_PER_TENANT: usize = 64;
+/// Tenants with a history on this node (each within about 2 MiB: its records and series);
+/// the one whose last call is oldest gives way to a new one.
+pub const MAX_TENANTS_WITH_HISTORY: usize = 256;
 /// Latency buckets: bucket `i` holds calls under 2^((i+1)/2) µs; the last, everything
 /// longer (past 2^26 µs, about 67 s).
 const LATENCY_BUCKETS: usize = 52;
 const MINUTE_MS: u64 = 60_000;
 
 /// One call as the history keeps it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CallRecord {
     /// When it ended (Unix milliseconds).
     pub at_ms: u64,
@@ -52,15 +55,57 @@ impl CallRecord {
         body
     }
 
-    /// Shrinks an oversized argument object or result to a note, and returns about how
-    /// many bytes the record holds.
-    fn keep_small(&mut self) -> usize {
+    /// `outcome` as the history keeps it: an argument object or result over
+    /// [`MAX_KEPT_VALUE_BYTES`] is a note of its size (see [`kept`]).
+    pub(crate) fn of(
+        outcome: &CallOutcome,
+        arguments: Value,
+        at_ms: u64,
+        version: Option<u32>,
+    ) -> Self {
+        let outcome = CallOutcome {
+            call_id: outcome.call_id.clone(),
+            tool: outcome.tool.clone(),
+            result: match &outcome.result {
+                Ok(value) => Ok(kept(value)),
+                Err(error) => Err(error.clone()),
+            },
+            log: outcome.log.clone(),
+            ..*outcome
+        };
+        CallRecord {
+            at_ms,
+            version,
+            arguments,
+            outcome,
+        }
+    }
+
+    /// About how many bytes the record holds, error texts included.
+    fn bytes(&self) -> usize {
         let log = &self.outcome.log;
         let lines: usize = log.lines.iter().map(|l| l.message.len() + 16).sum();
         let log = lines + log.stdout.len() + log.stderr.len();
-        let result = self.outcome.result.as_mut().map_or(0, keep_small);
-        256 + keep_small(&mut self.arguments) + result + log
+        let result = match &self.outcome.result {
+            Ok(value) => json_bytes(value),
+            // Each message is in the JSON twice: in `message` and in `errors`.
+            Err(CallError::InvalidArgs { errors }) => (errors.iter())
+                .map(|e| 2 * e.message.len() + e.path.len() + 32)
+                .sum(),
+            Err(error) => error.to_string().len(),
+        };
+        256 + json_bytes(&self.arguments) + result + log
     }
+}
+
+/// `value`, or a note of its size when it is over [`MAX_KEPT_VALUE_BYTES`]: measured before
+/// anything is copied.
+pub(crate) fn kept(value: &Value) -> Value {
+    let bytes = json_bytes(value);
+    if bytes <= MAX_KEPT_VALUE_BYTES {
+        return value.clone();
+    }
+    Value::String(format!("({bytes} bytes: too large for the call history)"))
 }
 
 /// Which records [`History::recent`] returns.
@@ -83,7 +128,8 @@ pub struct StatsPoint {
     pub calls: u32,
     /// Of those, the ones that failed (a call held for approval has not failed).
     pub errors: u32,
-    /// Median latency, to the bucket (±19 %); none when no call ran.
+    /// Median latency: the upper bound of its bucket (up to 41 % above the true value);
+    /// none when no call ran.
     pub p50_ms: Option<f64>,
     /// 99th percentile latency, to the bucket.
     pub p99_ms: Option<f64>,
@@ -106,10 +152,11 @@ pub(crate) struct History {
 
 #[derive(Default)]
 struct TenantHistory {
-    /// Each with about how many bytes it holds.
-    records: VecDeque<(CallRecord, usize)>,
+    /// Each with about how many bytes it holds; shared with readers, so a read copies none.
+    records: VecDeque<(Arc<CallRecord>, usize)>,
     bytes: usize,
     series: HashMap<String, Series>,
+    last_ms: u64,
 }
 
 #[derive(Default)]
@@ -137,17 +184,18 @@ impl History {
         self.records_per_tenant > 0
     }
 
-    /// Adds a call of a tool that exists.
-    pub fn record(&self, tenant: &str, mut record: CallRecord) {
+    /// Adds a call of a tool that exists (made by [`CallRecord::of`]).
+    pub fn record(&self, tenant: &str, record: CallRecord) {
         if !self.enabled() {
             return;
         }
-        let bytes = record.keep_small();
+        let bytes = record.bytes();
         let history = self.tenant(tenant);
         let mut history = history.lock().unwrap_or_else(|p| p.into_inner());
         history.count(&record);
+        history.last_ms = history.last_ms.max(record.at_ms);
         history.bytes += bytes;
-        history.records.push_back((record, bytes));
+        history.records.push_back((Arc::new(record), bytes));
         while history.records.len() > self.records_per_tenant
             || history.bytes > MAX_HISTORY_BYTES_PER_TENANT
         {
@@ -159,7 +207,7 @@ impl History {
     }
 
     /// The tenant's records that pass `filter`, newest first.
-    pub fn recent(&self, tenant: &str, filter: &CallFilter) -> Vec<CallRecord> {
+    pub fn recent(&self, tenant: &str, filter: &CallFilter) -> Vec<Arc<CallRecord>> {
         let Some(history) = self.existing(tenant) else {
             return Vec::new();
         };
@@ -181,13 +229,14 @@ impl History {
             .collect()
     }
 
-    /// Per tool, the minutes with calls among the last `minutes` (at most
-    /// [`HISTORY_MINUTES`]) before `now_ms`, tools by name.
+    /// Per tool, the minutes with calls among the last `minutes` (1 to [`HISTORY_MINUTES`];
+    /// the minute of `now_ms` is the last), tools by name.
     pub fn stats(&self, tenant: &str, minutes: u64, now_ms: u64) -> Vec<ToolStats> {
         let Some(history) = self.existing(tenant) else {
             return Vec::new();
         };
-        let since = now_ms.saturating_sub(minutes.min(HISTORY_MINUTES) * MINUTE_MS);
+        let minutes = minutes.clamp(1, HISTORY_MINUTES);
+        let since = (now_ms - now_ms % MINUTE_MS).saturating_sub((minutes - 1) * MINUTE_MS);
         let history = history.lock().unwrap_or_else(|p| p.into_inner());
         let mut stats: Vec<ToolStats> = history
             .series
@@ -195,7 +244,7 @@ impl History {
             .map(|(tool, series)| ToolStats {
                 tool: tool.clone(),
                 points: (series.minutes.iter())
-                    .filter(|m| m.start_ms + MINUTE_MS > since)
+                    .filter(|m| m.start_ms >= since)
                     .map(Minute::point)
                     .collect(),
             })
@@ -215,6 +264,14 @@ impl History {
             return history;
         }
         let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+        if !tenants.contains_key(tenant) && tenants.len() >= MAX_TENANTS_WITH_HISTORY {
+            let stalest = (tenants.iter())
+                .min_by_key(|(_, h)| h.lock().unwrap_or_else(|p| p.into_inner()).last_ms)
+                .map(|(tenant, _)| tenant.clone());
+            if let Some(stalest) = stalest {
+                tenants.remove(&stalest);
+            }
+        }
         tenants.entry(tenant.to_owned()).or_default().clone()
     }
 }
@@ -253,7 +310,12 @@ impl TenantHistory {
         let minute = series.minutes.back_mut().expect("pushed above");
         minute.calls += 1;
         match &outcome.result {
+            // Neither ran, so neither has a latency; a rejection is still an error.
             Err(CallError::ApprovalRequired { .. }) => return,
+            Err(CallError::Rejected { .. }) => {
+                minute.errors += 1;
+                return;
+            }
             Err(_) => minute.errors += 1,
             Ok(_) => {}
         }
@@ -272,7 +334,8 @@ impl Minute {
         }
     }
 
-    /// The upper bound of the bucket holding the `q` quantile, in milliseconds.
+    /// The upper bound of the bucket holding the `q` quantile, in milliseconds: never below
+    /// the true value, at most √2 above it (past 67 s, the last bucket reads 67 s).
     fn quantile(&self, q: f64) -> Option<f64> {
         let ran: u32 = self.latency.iter().sum();
         if ran == 0 {
@@ -292,17 +355,6 @@ impl Minute {
 fn latency_bucket(duration: Duration) -> usize {
     let micros = duration.as_micros().max(1) as f64;
     ((micros.log2() * 2.0).floor() as usize).min(LATENCY_BUCKETS - 1)
-}
-
-/// Replaces a value over [`MAX_KEPT_VALUE_BYTES`] with a note of its size; returns about
-/// how many bytes is kept.
-fn keep_small(value: &mut Value) -> usize {
-    let bytes = json_bytes(value);
-    if bytes <= MAX_KEPT_VALUE_BYTES {
-        return bytes;
-    }
-    *value = Value::String(format!("({bytes} bytes: too large for the call history)"));
-    json_bytes(value)
 }
 
 /// About the size of `value` as JSON, without writing it.
@@ -327,12 +379,7 @@ mod tests {
         let mut outcome = CallOutcome::new(format!("c{at_ms}"), tool.to_owned());
         outcome.result = result;
         outcome.duration = Duration::from_millis(ms);
-        CallRecord {
-            at_ms,
-            version: Some(1),
-            arguments: json!({"n": at_ms}),
-            outcome,
-        }
+        CallRecord::of(&outcome, kept(&json!({"n": at_ms})), at_ms, Some(1))
     }
 
     fn all(limit: usize) -> CallFilter {
@@ -388,8 +435,7 @@ mod tests {
             history.record("acme", call("a", at, 1, Ok(json!(big))));
         }
         let kept = history.recent("acme", &all(10_000));
-        let bytes: usize = kept.into_iter().map(|mut r| r.keep_small()).sum();
-        let kept = history.recent("acme", &all(10_000));
+        let bytes: usize = kept.iter().map(|r| r.bytes()).sum();
         assert!(bytes <= MAX_HISTORY_BYTES_PER_TENANT, "{bytes}");
         assert!(kept.len() > 10 && kept.len() < 200, "{}", kept.len());
         // Past the per-value cap, a value is kept as a note of its size.
@@ -397,6 +443,63 @@ mod tests {
         let newest = &history.recent("acme", &all(1))[0];
         let note = newest.outcome.result.as_ref().unwrap().as_str().unwrap();
         assert!(note.starts_with("(100002 bytes"), "{note}");
+    }
+
+    #[test]
+    fn error_texts_count_against_the_budget() {
+        let history = History::new(10_000);
+        let message = "z".repeat(8 * 1024);
+        let errors = vec![
+            toolhost_spec::schema::ArgError {
+                path: "/n".into(),
+                message,
+            };
+            20
+        ];
+        for at in 0..100 {
+            let invalid = CallError::InvalidArgs {
+                errors: errors.clone(),
+            };
+            history.record("acme", call("a", at, 1, Err(invalid)));
+        }
+        let kept = history.recent("acme", &all(10_000));
+        let bytes: usize = kept.iter().map(|r| r.bytes()).sum();
+        assert!(bytes > 20 * 8 * 1024 * kept.len(), "{bytes}");
+        assert!(bytes <= MAX_HISTORY_BYTES_PER_TENANT, "{bytes}");
+        assert!(kept.len() < 100, "{}", kept.len());
+    }
+
+    #[test]
+    fn a_bounded_number_of_tenants_keep_a_history() {
+        let history = History::new(10);
+        for t in 0..MAX_TENANTS_WITH_HISTORY as u64 + 5 {
+            history.record(&format!("t{t}"), call("a", 1_000 + t, 1, Ok(json!(t))));
+        }
+        let tenants = history.tenants.read().unwrap().len();
+        assert_eq!(tenants, MAX_TENANTS_WITH_HISTORY);
+        assert!(
+            history.recent("t0", &all(10)).is_empty(),
+            "the stalest gave way"
+        );
+        let newest = format!("t{}", MAX_TENANTS_WITH_HISTORY + 4);
+        assert_eq!(history.recent(&newest, &all(10)).len(), 1);
+    }
+
+    #[test]
+    fn a_window_of_n_minutes_has_at_most_n_minutes() {
+        let history = History::new(100);
+        for m in 0..10 {
+            history.record("acme", call("a", m * MINUTE_MS + 5, 1, Ok(json!(m))));
+        }
+        // Mid-minute 9: the last 3 minutes are 7, 8 and 9.
+        let stats = history.stats("acme", 3, 9 * MINUTE_MS + 30_000);
+        let starts: Vec<u64> = stats[0]
+            .points
+            .iter()
+            .map(|p| p.at_ms / MINUTE_MS)
+            .collect();
+        assert_eq!(starts, [7, 8, 9]);
+        assert_eq!(history.stats("acme", 0, 9 * MINUTE_MS)[0].points.len(), 1);
     }
 
     #[test]
@@ -414,6 +517,10 @@ mod tests {
             call_id: "c".into(),
         };
         history.record("acme", call("a", minute + MINUTE_MS, 0, Err(held)));
+        let rejected = CallError::Rejected {
+            reason: "no".into(),
+        };
+        history.record("acme", call("a", minute + MINUTE_MS, 0, Err(rejected)));
         let stats = history.stats("acme", 60, minute + 2 * MINUTE_MS);
         assert_eq!(stats.len(), 1);
         let [first, second] = &stats[0].points[..] else {
@@ -424,8 +531,9 @@ mod tests {
         assert_eq!(first.p50_ms, Some(1.024));
         assert_eq!(first.p99_ms, Some(1.024));
         assert_eq!(history.stats("acme", 60, minute).len(), 1);
-        // A held call counts as a call, not an error, and has no latency.
-        assert_eq!((second.calls, second.errors, second.p50_ms), (1, 0, None));
+        // A held call counts as a call, not an error; a rejected one as an error; neither
+        // ran, so neither has a latency.
+        assert_eq!((second.calls, second.errors, second.p50_ms), (2, 1, None));
         // An hour later the minutes are out of the window.
         assert!(
             history
@@ -440,7 +548,7 @@ mod tests {
         for m in 0..200 {
             history.record("acme", call("a", m * MINUTE_MS, 1, Ok(json!(m))));
         }
-        let stats = history.stats("acme", 60, 200 * MINUTE_MS);
+        let stats = history.stats("acme", 60, 199 * MINUTE_MS);
         assert_eq!(stats[0].points.len(), 60);
         for t in 0..MAX_SERIES_PER_TENANT + 10 {
             history.record(

@@ -429,7 +429,7 @@ impl Host {
 
     /// The tenant's recent calls on this node that pass `filter`, newest first (see
     /// [`HostConfig::call_history`]).
-    pub fn recent_calls(&self, tenant: &str, filter: &CallFilter) -> Vec<CallRecord> {
+    pub fn recent_calls(&self, tenant: &str, filter: &CallFilter) -> Vec<Arc<CallRecord>> {
         self.pipeline.history.recent(tenant, filter)
     }
 

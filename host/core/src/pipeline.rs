@@ -28,7 +28,7 @@ use crate::catalog::{Catalog, Resolved};
 use crate::config::MAX_NESTING_DEPTH;
 use crate::error::InstallError;
 use crate::exec::{self, Executors, MAX_ERROR_CHARS, truncate};
-use crate::history::{CallRecord, History};
+use crate::history::{CallRecord, History, kept};
 use crate::hooks::{CallHook, HookCall};
 use crate::metrics::Metrics;
 use crate::tenants::Tenants;
@@ -108,7 +108,7 @@ impl Pipeline {
             reason: truncate(reason, MAX_ERROR_CHARS),
         });
         self.record(tenant, None, &outcome);
-        self.keep_in_history(tenant, None, pending.args, &outcome);
+        self.keep_in_history(tenant, None, kept(&pending.args), &outcome);
         Ok(outcome)
     }
 
@@ -153,7 +153,7 @@ impl Pipeline {
         // Only calls of tools that exist are kept, so made-up names cannot grow the history.
         let mut kept_args = None;
         if let Some(tool) = &resolved {
-            kept_args = self.history.enabled().then(|| args.clone());
+            kept_args = self.history.enabled().then(|| kept(&args));
             let run = (budget, cancel, &*policy);
             self.admit_and_run(tool, args, &helpers, &ctx, run, &mut outcome)
                 .await;
@@ -177,12 +177,7 @@ impl Pipeline {
         args: Value,
         outcome: &CallOutcome,
     ) {
-        let record = CallRecord {
-            at_ms: now_ms(),
-            version,
-            arguments: args,
-            outcome: outcome.clone(),
-        };
+        let record = CallRecord::of(outcome, args, now_ms(), version);
         self.history.record(tenant, record);
     }
 

@@ -947,8 +947,8 @@ async fn durable_call(
     Ok(Json(body))
 }
 
-/// The key's tenant and role, what the role may do, and how an MCP client on this machine
-/// starts toolhost over stdio for the tenant.
+/// The key's tenant and role, what the role may do, and (for a key that may manage tools)
+/// how an MCP client on this machine starts toolhost over stdio for the tenant.
 async fn whoami(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiError> {
     let KeyRecord { tenant, role, .. } = &key.0;
     let may: Vec<&str> = Access::ALL
@@ -956,7 +956,12 @@ async fn whoami(State(app): State<App>, key: Key) -> Result<Json<Value>, ApiErro
         .filter(|access| role.may(*access))
         .map(Access::name)
         .collect();
-    let stdio = app.stdio_command.split_first().map(|(command, args)| {
+    // The server's paths are for those who run tools on it, not for every agent.
+    let stdio_command = match role.may(Access::Manage) {
+        true => &app.stdio_command[..],
+        false => &[],
+    };
+    let stdio = stdio_command.split_first().map(|(command, args)| {
         let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
         args.extend(["--tenant", tenant, "mcp"]);
         json!({"command": command, "args": args})

@@ -38,6 +38,18 @@ pub struct ArgError {
     pub message: String,
 }
 
+/// A violation's message names the value at fault, which may be as large as the arguments:
+/// at most this many characters of it are kept.
+pub const MAX_ARG_ERROR_CHARS: usize = 512;
+
+fn clipped_message(mut message: String) -> String {
+    if let Some((cut, _)) = message.char_indices().nth(MAX_ARG_ERROR_CHARS) {
+        message.truncate(cut);
+        message.push('…');
+    }
+    message
+}
+
 /// Where a violation is: a missing property is at its own place, not its object's, so a
 /// form can mark the field to fill in.
 fn fault_path(error: &jsonschema::ValidationError<'_>) -> String {
@@ -118,7 +130,7 @@ impl ArgsValidator {
             .take(MAX_REPORTED_ERRORS)
             .map(|e| ArgError {
                 path: fault_path(&e),
-                message: e.to_string(),
+                message: clipped_message(e.to_string()),
             })
             .collect();
         if errors.is_empty() {
@@ -188,6 +200,23 @@ mod tests {
             .into_iter()
             .map(|e| e.path)
             .collect()
+    }
+
+    #[test]
+    fn a_large_value_at_fault_is_clipped_in_the_message() {
+        let v = compile(
+            &json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
+            false,
+        )
+        .unwrap();
+        let errors = v.validate(&json!({"n": "é".repeat(100_000)})).unwrap_err();
+        let message = &errors[0].message;
+        assert_eq!(
+            message.chars().count(),
+            MAX_ARG_ERROR_CHARS + 1,
+            "{message}"
+        );
+        assert!(message.ends_with('…'));
     }
 
     #[test]

@@ -193,7 +193,11 @@ async fn cached_results_expire(store: Arc<dyn Store>) {
         "per tenant"
     );
     assert_eq!(store.cache_purge(500).await.unwrap(), 1);
-    assert_eq!(store.cache_purge(500).await.unwrap(), 0, "nothing left to purge");
+    assert_eq!(
+        store.cache_purge(500).await.unwrap(),
+        0,
+        "nothing left to purge"
+    );
     assert_eq!(store.cache_get("t", b"k", 1_000).await.unwrap(), None);
     assert_eq!(
         store.data_bytes("t").await.unwrap(),
