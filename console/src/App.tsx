@@ -1,5 +1,5 @@
 import { lazy, Suspense, useEffect, useRef, useState, type ReactNode } from "react";
-import { NavLink, Navigate, Route, Routes, useLocation, useNavigate } from "react-router-dom";
+import { NavLink, Navigate, Route, Routes, useLocation } from "react-router-dom";
 import {
   ApiError,
   forgetKey,
@@ -11,6 +11,7 @@ import {
   type Whoami,
 } from "./api";
 import { may, SessionContext, useSession, type Session } from "./session";
+import PageErrorBoundary from "./components/PageErrorBoundary";
 import Approvals from "./pages/Approvals";
 import Calls from "./pages/Calls";
 import Config from "./pages/Config";
@@ -99,12 +100,13 @@ export default function App() {
   );
 }
 
-/** The signed-in layout: header, navigation (a select on narrow screens) and the page. */
+/** The signed-in layout: header, navigation (behind a Menu button on narrow screens) and
+ * the page. */
 function Shell() {
   const session = useSession();
   const location = useLocation();
-  const navigate = useNavigate();
   const mainRef = useRef<HTMLElement>(null);
+  const [menuOpen, setMenuOpen] = useState(false);
   const pages = PAGES.filter((page) => may(session, page.needs));
   const current = pages.find((page) => location.pathname.startsWith(page.path));
 
@@ -113,6 +115,7 @@ function Shell() {
   useEffect(() => {
     if (shownPath.current !== location.pathname) {
       shownPath.current = location.pathname;
+      setMenuOpen(false);
       mainRef.current?.focus();
     }
   }, [location.pathname]);
@@ -135,17 +138,15 @@ function Shell() {
       </a>
       <header className="top-bar">
         <span className="brand">toolhost</span>
-        <label className="page-select">
-          <span className="visually-hidden">Go to page</span>
-          <select value={current?.path ?? ""} onChange={(event) => navigate(event.target.value)}>
-            {!current && <option value="">—</option>}
-            {pages.map((page) => (
-              <option key={page.path} value={page.path}>
-                {page.label}
-              </option>
-            ))}
-          </select>
-        </label>
+        <button
+          type="button"
+          className="menu-button"
+          aria-expanded={menuOpen}
+          aria-controls="main-nav"
+          onClick={() => setMenuOpen((open) => !open)}
+        >
+          Menu
+        </button>
         <span className="identity">
           <span className="tenant">{session.whoami.tenant}</span>{" "}
           <span className="role">{session.whoami.role}</span>
@@ -154,7 +155,7 @@ function Shell() {
           Sign out
         </button>
       </header>
-      <nav className="side-nav" aria-label="Main">
+      <nav id="main-nav" className={menuOpen ? "side-nav open" : "side-nav"} aria-label="Main">
         <ul>
           {pages.map((page) => (
             <li key={page.path}>
@@ -164,23 +165,25 @@ function Shell() {
         </ul>
       </nav>
       <main id="main" ref={mainRef} tabIndex={-1}>
-        <Suspense fallback={<p aria-live="polite">Loading…</p>}>
-          <Routes>
-            <Route path="/" element={<Navigate to={pages[0]?.path ?? "/connect"} replace />} />
-            {PAGES.map((page) => (
+        <PageErrorBoundary path={location.pathname}>
+          <Suspense fallback={<p aria-live="polite">Loading…</p>}>
+            <Routes>
+              <Route path="/" element={<Navigate to={pages[0]?.path ?? "/connect"} replace />} />
+              {PAGES.map((page) => (
+                <Route
+                  key={page.path}
+                  path={page.path}
+                  element={may(session, page.needs) ? page.element : <NotAllowed page={page} />}
+                />
+              ))}
               <Route
-                key={page.path}
-                path={page.path}
-                element={may(session, page.needs) ? page.element : <NotAllowed page={page} />}
+                path="/tools/:name"
+                element={may(session, "read") ? <Tool /> : <NotAllowed page={PAGES[0]} />}
               />
-            ))}
-            <Route
-              path="/tools/:name"
-              element={may(session, "read") ? <Tool /> : <NotAllowed page={PAGES[0]} />}
-            />
-            <Route path="*" element={<NotFound />} />
-          </Routes>
-        </Suspense>
+              <Route path="*" element={<NotFound />} />
+            </Routes>
+          </Suspense>
+        </PageErrorBoundary>
       </main>
     </div>
   );

@@ -26,7 +26,12 @@ export function errorSchemaFromViolations(violations: ArgumentError[]): ErrorSch
     for (const segment of pointerSegments(path)) {
       // Own properties only: a segment such as `__proto__` must not reach Object.prototype.
       if (!Object.hasOwn(node, segment)) {
-        Object.defineProperty(node, segment, { value: {}, enumerable: true, writable: true, configurable: true });
+        Object.defineProperty(node, segment, {
+          value: {},
+          enumerable: true,
+          writable: true,
+          configurable: true,
+        });
       }
       node = node[segment] as ErrorNode;
     }

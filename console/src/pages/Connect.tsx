@@ -65,9 +65,9 @@ export default function Connect() {
         {stdio ? (
           <>
             <p>
-              For a client on this server's machine that starts toolhost itself, for tenant {whoami.tenant}. It
-              opens the data directory directly, so it works while no <code>toolhost serve</code> holds that
-              directory; beside a running server, use the HTTP configuration above.
+              For a client on this server's machine that starts toolhost itself, for tenant {whoami.tenant}.
+              It opens the data directory directly, so it works while no <code>toolhost serve</code> holds
+              that directory; beside a running server, use the HTTP configuration above.
             </p>
             <CopyBlock label="MCP over stdio configuration" text={prettyJson(stdio)} />
           </>
