@@ -446,6 +446,20 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_flooding_its_history_leaves_another_s_alone() {
+        let history = History::new(200);
+        history.record("globex", call("g", 1, 1, Ok(json!("kept"))));
+        let big = "x".repeat(MAX_KEPT_VALUE_BYTES - 100);
+        for at in 0..10_000 {
+            history.record("acme", call("a", 2 + at, 1, Ok(json!(big))));
+        }
+        let theirs = history.recent("globex", &all(10));
+        assert_eq!(theirs.len(), 1);
+        assert_eq!(theirs[0].outcome.result, Ok(json!("kept")));
+        assert_eq!(history.stats("globex", 60, 1)[0].points[0].calls, 1);
+    }
+
+    #[test]
     fn error_texts_count_against_the_budget() {
         let history = History::new(10_000);
         let message = "z".repeat(8 * 1024);
