@@ -348,7 +348,8 @@ impl Minute {
             seen >= rank
         })?;
         let upper_us = 2f64.powf((bucket as f64 + 1.0) / 2.0);
-        Some((upper_us / 1e3 * 1e3).round() / 1e3)
+        // In milliseconds, to the microsecond.
+        Some(upper_us.round() / 1e3)
     }
 }
 

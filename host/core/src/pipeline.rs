@@ -107,8 +107,7 @@ impl Pipeline {
         outcome.result = Err(CallError::Rejected {
             reason: truncate(reason, MAX_ERROR_CHARS),
         });
-        self.record(tenant, None, &outcome);
-        self.keep_in_history(tenant, None, kept(&pending.args), &outcome);
+        self.record(tenant, None, Some(kept(&pending.args)), &outcome);
         Ok(outcome)
     }
 
@@ -161,28 +160,25 @@ impl Pipeline {
         outcome.log = helpers.snapshot();
         outcome.duration = started.elapsed();
         let version = resolved.as_ref().map(Resolved::version);
-        self.record(&ctx.tenant, version, &outcome);
-        if let Some(args) = kept_args {
-            // A native tool (version 0) has no versions.
-            let version = version.filter(|&v| v > 0);
-            self.keep_in_history(&ctx.tenant, version, args, &outcome);
-        }
+        self.record(&ctx.tenant, version, kept_args, &outcome);
         outcome
     }
 
-    fn keep_in_history(
+    /// One structured event and the metrics, for every outcome; and the tenant's call
+    /// history, for a call of a tool that exists (`kept_args`).
+    fn record(
         &self,
         tenant: &str,
         version: Option<u32>,
-        args: Value,
+        kept_args: Option<Value>,
         outcome: &CallOutcome,
     ) {
-        let record = CallRecord::of(outcome, args, now_ms(), version);
-        self.history.record(tenant, record);
-    }
-
-    /// One structured event and the metrics, for every outcome.
-    fn record(&self, tenant: &str, version: Option<u32>, outcome: &CallOutcome) {
+        if let Some(args) = kept_args {
+            // A native tool (version 0) has no versions.
+            let kept_version = version.filter(|&v| v > 0);
+            let record = CallRecord::of(outcome, args, now_ms(), kept_version);
+            self.history.record(tenant, record);
+        }
         self.metrics
             .record_call(outcome.code(), outcome.duration, outcome.retries);
         // Every field always present (0 when it does not apply), so queries need no cases.
