@@ -481,6 +481,53 @@ async fn mcp_raw(url: &str, key: &str, head: &[(&str, &str)], body: &str, until:
     }
 }
 
+/// A 2026-07-28 request (no session) whose answer is one message gets it as plain JSON, the
+/// cheaper of the two answers the protocol allows; a 2025 session still gets an event stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessionless_call_is_answered_as_json() {
+    let Served {
+        key,
+        url,
+        stop,
+        server,
+        ..
+    } = served().await;
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+    "name": "text_stats", "arguments": {"text": "One two three."},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }}});
+    let head = [
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "text_stats"),
+    ];
+    let answer = mcp_raw(&url, &key, &head, &call.to_string(), "\"words\":3").await;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{answer}"
+    );
+    let body: Value = serde_json::from_str(body.trim()).unwrap();
+    assert_eq!(body["id"], 7, "{body}");
+    assert_eq!(body["result"]["structuredContent"]["words"], 3, "{body}");
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "sessions", "version": "1"}}});
+    let answer = mcp_raw(&url, &key, &[], &initialize.to_string(), "\"result\"").await;
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("content-type: text/event-stream"),
+        "{answer}"
+    );
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
 /// A client that loses its connection while its call runs reconnects with `Last-Event-ID`
 /// and gets the result that finished while it was away (before, it was lost); another
 /// tenant's key cannot.

@@ -44,12 +44,14 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let (ping, call, rest) = runtime.block_on(http(server.addr, &key));
+    let [ping, call, modern, rest] = runtime.block_on(http(server.addr, &key));
     row("HTTP     ping", &ping);
     row("HTTP     tools/call", &call);
+    row("HTTP     tools/call, 2026-07-28", &modern);
     row("HTTP     REST call (peer)", &rest);
     difference("HTTP     call − ping", &call, &ping);
     difference("HTTP     MCP call − REST call", &call, &rest);
+    difference("HTTP     2026-07-28 call − REST", &modern, &rest);
     server.stop();
 }
 
@@ -83,8 +85,9 @@ fn stdio(data: &std::path::Path) -> (Vec<Duration>, Vec<Duration>) {
     (ping, call)
 }
 
-/// `ping` and `tools/call` on one MCP session, and the REST call, on one connection each.
-async fn http(addr: SocketAddr, key: &str) -> (Vec<Duration>, Vec<Duration>, Vec<Duration>) {
+/// `ping` and `tools/call` on one MCP session (2025-06-18), `tools/call` without a session
+/// (2026-07-28, answered as JSON), and the REST call, on one connection.
+async fn http(addr: SocketAddr, key: &str) -> [Vec<Duration>; 4] {
     let mut conn = client::connect(addr).await;
     let (status, headers, _) =
         client::post(&mut conn, "/mcp", key, &[], &client::initialize()).await;
@@ -109,9 +112,21 @@ async fn http(addr: SocketAddr, key: &str) -> (Vec<Duration>, Vec<Duration>, Vec
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string();
     let ping = rounds("/mcp", &session, ping).await;
     let call = rounds("/mcp", &session, call_request().to_string()).await;
+    // Each request of 2026-07-28 says its version and method itself: no session.
+    let mut modern = call_request();
+    modern["params"]["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let head = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "text_stats"),
+    ];
+    let modern = rounds("/mcp", &head, modern.to_string()).await;
     let rest = json!({"arguments": {"text": TEXT}}).to_string();
     let rest = rounds("/v1/tools/text_stats/call", &[], rest).await;
-    (ping, call, rest)
+    [ping, call, modern, rest]
 }
 
 fn call_request() -> Value {

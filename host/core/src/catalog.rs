@@ -155,13 +155,20 @@ pub(crate) struct Catalog {
     js_runtime: Option<String>,
 }
 
-impl Catalog {
+/// Every tenant's tools as read from the store, before the engine they run on exists: a
+/// restart reads them while the engine is built.
+pub struct StoredCatalog {
+    store: Arc<dyn Store>,
+    tools: TenantTools,
+    js_runtime: Option<String>,
+}
+
+impl StoredCatalog {
     /// Every tenant's tools as stored. A stored tool that no longer passes the rules is
     /// skipped, loudly, rather than refusing to start. The JS runtime new JS tools are
     /// installed on is stored once, like any component, and compiled on first use.
-    pub async fn load(
+    pub async fn read(
         store: Arc<dyn Store>,
-        components: Arc<Components>,
         js_runtime: Option<&[u8]>,
     ) -> Result<Self, StoreError> {
         let js_runtime = match js_runtime {
@@ -180,16 +187,27 @@ impl Catalog {
         for tool in valid_tools(&entries) {
             tools.insert(tool);
         }
-        Ok(Catalog {
-            natives: NativeRegistry::default(),
-            tools,
+        Ok(StoredCatalog {
             store,
+            tools,
+            js_runtime,
+        })
+    }
+}
+
+impl Catalog {
+    /// The stored tools, run on `components`.
+    pub fn new(stored: StoredCatalog, components: Arc<Components>) -> Self {
+        Catalog {
+            natives: NativeRegistry::default(),
+            tools: stored.tools,
+            store: stored.store,
             components,
             entry_writes: tokio::sync::Mutex::new(()),
             changes: tokio::sync::broadcast::channel(256).0,
             generation: AtomicU64::new(0),
-            js_runtime,
-        })
+            js_runtime: stored.js_runtime,
+        }
     }
 
     pub fn natives(&self) -> &NativeRegistry {

@@ -18,7 +18,7 @@ use toolhost_store::{KeyRecord, RedbStore, Store, StoreError, ToolEntry, now_ms}
 
 use crate::admission::{Admission, Shares};
 use crate::approval::{ApprovalError, Approvals, PendingCall};
-use crate::catalog::{Catalog, Resolved, ToolInfo};
+use crate::catalog::{Catalog, Resolved, StoredCatalog, ToolInfo};
 use crate::components::Components;
 use crate::config::HostConfig;
 use crate::durable::{self, DurableStatus};
@@ -53,29 +53,40 @@ impl Host {
     /// directory, else memory) and loads every tenant's catalog. Components are loaded
     /// lazily, on first call.
     pub async fn open(config: HostConfig) -> Result<Self, OpenError> {
-        // The store and the engine take about as long as each other to open, and neither
-        // needs the other: side by side, a restart waits for the slower one only.
-        let engine = {
-            let config = config.clone();
-            tokio::task::spawn_blocking(move || new_sandbox(&config))
-        };
-        let (store, sandbox) = tokio::join!(open_store(&config), engine);
-        let sandbox = sandbox.unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()));
-        Self::assemble(store?, sandbox?, config).await
+        Self::start(None, config).await
     }
 
     /// A host over any [`Store`]. `config.data_dir` is not opened as a store; it still holds
     /// granted files and the artifact key.
     pub async fn with_store(store: Arc<dyn Store>, config: HostConfig) -> Result<Self, OpenError> {
-        let sandbox = new_sandbox(&config)?;
-        Self::assemble(store, sandbox, config).await
+        Self::start(Some(store), config).await
     }
 
-    async fn assemble(
-        store: Arc<dyn Store>,
-        sandbox: Sandbox,
-        config: HostConfig,
-    ) -> Result<Self, OpenError> {
+    /// The engine takes most of a restart and needs nothing stored: the store is opened and
+    /// read beside it, so a restart waits for the slower of the two only.
+    async fn start(store: Option<Arc<dyn Store>>, config: HostConfig) -> Result<Self, OpenError> {
+        let engine = {
+            let config = config.clone();
+            tokio::task::spawn_blocking(move || new_sandbox(&config))
+        };
+        let stored = async {
+            let store = match store {
+                Some(store) => store,
+                None => open_store(&config).await?,
+            };
+            Stored::read(store, &config).await
+        };
+        let (stored, sandbox) = tokio::join!(stored, engine);
+        let sandbox = sandbox.unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()));
+        Self::assemble(stored?, sandbox?, config)
+    }
+
+    fn assemble(stored: Stored, sandbox: Sandbox, config: HostConfig) -> Result<Self, OpenError> {
+        let Stored {
+            store,
+            catalog,
+            approvals,
+        } = stored;
         let metrics = Arc::new(Metrics::default());
         let components = Arc::new(Components::new(
             Arc::new(sandbox),
@@ -84,14 +95,8 @@ impl Host {
             (config.artifact_dir.as_deref(), config.data_dir.as_deref()),
             metrics.clone(),
         )?);
-        let js_runtime = config.js_runtime.as_deref();
-        let catalog = Arc::new(Catalog::load(store.clone(), components.clone(), js_runtime).await?);
+        let catalog = Arc::new(Catalog::new(catalog, components.clone()));
         let tenants = Arc::new(Tenants::new(store.clone(), config.default_policy));
-        // A cache: one not purged now is purged when read, or at the next start.
-        match store.cache_purge(now_ms()).await {
-            Ok(purged) => tracing::debug!(purged, "expired cached results dropped"),
-            Err(error) => tracing::warn!(%error, "expired cached results not purged"),
-        }
         let files_dir = config
             .files_dir
             .or(config.data_dir.map(|d| d.join("files")));
@@ -103,7 +108,7 @@ impl Host {
             (config.js_snapshots, config.js_snapshots_per_tenant),
             metrics.clone(),
         );
-        let approvals = Arc::new(Approvals::load(store.clone()).await?);
+        let approvals = Arc::new(approvals);
         let durable_wakes = sync::DurableWakes::default();
         let _follow = store.changes().map(|changes| {
             let cached = (catalog.clone(), tenants.clone(), approvals.clone());
@@ -206,6 +211,14 @@ impl Host {
     /// One tool as `tenant` sees it, private ones included (the host may call them).
     pub fn describe(&self, tenant: &str, name: &str) -> Option<ToolInfo> {
         self.catalog.describe(tenant, name)
+    }
+
+    /// Whether `tenant` has a tool `name` that agents see: any but a private one. Cheaper
+    /// than [`Host::describe`], which copies the spec.
+    pub fn is_visible(&self, tenant: &str, name: &str) -> bool {
+        self.catalog
+            .resolve(tenant, name)
+            .is_some_and(|tool| !tool.spec().private)
     }
 
     /// A tenant's tool with every kept version.
@@ -460,6 +473,30 @@ impl Host {
 }
 
 /// The store `config` names, with its secrets key.
+/// What a host reads from its store before it serves.
+struct Stored {
+    store: Arc<dyn Store>,
+    catalog: StoredCatalog,
+    approvals: Approvals,
+}
+
+impl Stored {
+    async fn read(store: Arc<dyn Store>, config: &HostConfig) -> Result<Self, OpenError> {
+        let catalog = StoredCatalog::read(store.clone(), config.js_runtime.as_deref()).await?;
+        // A cache: one not purged now is purged when read, or at the next start.
+        match store.cache_purge(now_ms()).await {
+            Ok(purged) => tracing::debug!(purged, "expired cached results dropped"),
+            Err(error) => tracing::warn!(%error, "expired cached results not purged"),
+        }
+        let approvals = Approvals::load(store.clone()).await?;
+        Ok(Stored {
+            store,
+            catalog,
+            approvals,
+        })
+    }
+}
+
 async fn open_store(config: &HostConfig) -> Result<Arc<dyn Store>, OpenError> {
     let key = config.secrets_key.clone();
     #[cfg(feature = "postgres")]

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, Implementation,
-    ListToolsResult, PaginatedRequestParams, ResultType, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
+    Implementation, ListToolsResult, PaginatedRequestParams, ResultType, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler};
@@ -171,10 +172,7 @@ impl ServerHandler for McpServer {
         // Callable: any visible tool (found through search or listed), and the bridges when
         // they are listed. Private tools are the host's: an agent cannot call them by name
         // either. Looked up by name: building the whole listing per call is O(catalog).
-        let visible = self
-            .host
-            .describe(&tenant, &name)
-            .is_some_and(|info| !info.spec.private);
+        let visible = self.host.is_visible(&tenant, &name);
         let bridge = [TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL].contains(&name.as_str())
             && self
                 .disclosure
@@ -195,28 +193,21 @@ impl ServerHandler for McpServer {
             .await
         {
             Ok(value) => {
-                let structured = if value.is_object() {
-                    value.clone()
-                } else {
-                    json!({"result": value})
-                };
-                let mut result = json!({
-                    "content": [{"type": "text", "text": value.to_string()}],
-                    "isError": false,
-                });
+                let mut result =
+                    CallToolResult::success(vec![ContentBlock::text(value.to_string())]);
                 if structured_known {
-                    result["structuredContent"] = structured;
+                    result.structured_content = Some(match value {
+                        Value::Object(_) => value,
+                        value => json!({"result": value}),
+                    });
                 }
                 result
             }
-            Err(error) => json!({
-                "content": [{"type": "text", "text": format!("error[{}]: {error}", error.code())}],
-                "isError": true,
-            }),
+            Err(error) => CallToolResult::error(vec![ContentBlock::text(format!(
+                "error[{}]: {error}",
+                error.code()
+            ))]),
         };
-        let mut result: CallToolResult = serde_json::from_value(result)
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        result.result_type = Some(ResultType::COMPLETE);
         Ok(result.into())
     }
 

@@ -127,7 +127,8 @@ fn router_with_shutdown(
         disclosure: Arc::new(Disclosure::new(host.clone(), options.disclosure)),
         config: StreamableHttpServerConfig::default()
             .with_cancellation_token(stop)
-            .with_max_request_body_bytes(MAX_REQUEST_BYTES),
+            .with_max_request_body_bytes(MAX_REQUEST_BYTES)
+            .with_json_response(true),
         sessions: match shared_sessions {
             true => Sessions::new(options.mcp_sessions).shared_in(host.store().clone()),
             false => Sessions::new(options.mcp_sessions),

@@ -198,7 +198,11 @@ impl RedbFile {
             file: None,
         };
         // Every table exists from the start, so that a read never meets a missing one. A
-        // store written before usage was kept gets it counted once.
+        // store written before usage was kept gets it counted once. Read first: a durable
+        // commit on every start would cost a restart a disk flush for nothing.
+        if store.has_every_table().map_err(backend)? {
+            return Ok(store);
+        }
         store.write(Commit::Durable, |tx| {
             let counted = tx.list_tables()?.any(|table| table.name() == USAGE.name());
             for table in TABLES {
@@ -210,6 +214,15 @@ impl RedbFile {
             Ok(())
         })?;
         Ok(store)
+    }
+
+    fn has_every_table(&self) -> std::result::Result<bool, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let names: std::collections::HashSet<String> = tx
+            .list_tables()?
+            .map(|table| table.name().to_owned())
+            .collect();
+        Ok(TABLES.iter().all(|table| names.contains(table.name())))
     }
 
     /// Runs `write` in one transaction and commits it: all of it is stored, or none. Once a
