@@ -90,9 +90,16 @@ fn main() {
         "{:<28} {:>9} {:>9} {:>7}",
         "", "1 thread", "2 threads", "2 / 1"
     );
-    for (name, sandbox_only) in [("wasm   Host::call", false), ("wasm   sandbox only", true)] {
-        let one = throughput(&wasm, &args, 1, sandbox_only);
-        let two = throughput(&wasm, &args, 2, sandbox_only);
+    for (name, via) in [
+        ("wasm   Host::call", Via::Host { history: true }),
+        (
+            "wasm   Host::call, no history",
+            Via::Host { history: false },
+        ),
+        ("wasm   sandbox only", Via::Sandbox),
+    ] {
+        let one = throughput(&wasm, &args, 1, via);
+        let two = throughput(&wasm, &args, 2, via);
         println!("{name:<28} {one:>9.0} {two:>9.0} {:>6.2}x", two / one);
     }
 }
@@ -100,18 +107,28 @@ fn main() {
 const THROUGHPUT_CALLS: usize = 20_000;
 
 /// Calls per second of `text_stats` with `workers` tokio worker threads, each running a task
-/// that calls back to back: how the host scales with cores. `sandbox_only`: instantiate, call
-/// and drop without the host's pipeline, to tell the pipeline's share from wasmtime's.
-fn throughput(wasm: &[u8], args: &Value, workers: usize, sandbox_only: bool) -> f64 {
+/// that calls back to back: how the host scales with cores. The sandbox alone instantiates,
+/// calls and drops without the host's pipeline, to tell the pipeline's share from wasmtime's.
+fn throughput(wasm: &[u8], args: &Value, workers: usize, via: Via) -> f64 {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let host = Host::open(HostConfig::default()).await.unwrap();
+        let call_history = match via {
+            Via::Host { history: false } => 0,
+            _ => HostConfig::default().call_history,
+        };
+        let host = Host::open(HostConfig {
+            call_history,
+            ..HostConfig::default()
+        })
+        .await
+        .unwrap();
         host.install("bench", wasm.to_vec()).await.unwrap();
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+        let sandbox_only = via == Via::Sandbox;
         let caller = Throughput {
             host: std::sync::Arc::new(host),
             sandbox: std::sync::Arc::new(sandbox.prepare(wasm).map(|p| (sandbox, p)).unwrap()),
@@ -137,6 +154,15 @@ fn throughput(wasm: &[u8], args: &Value, workers: usize, sandbox_only: bool) -> 
         }
         (workers * THROUGHPUT_CALLS) as f64 / start.elapsed().as_secs_f64()
     })
+}
+
+/// What a throughput call goes through.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Via {
+    /// `Host::call`, with or without the call history.
+    Host { history: bool },
+    /// The sandbox alone.
+    Sandbox,
 }
 
 /// One throughput call, through the host or the sandbox alone.

@@ -190,20 +190,28 @@ impl History {
             return;
         }
         let bytes = record.bytes();
+        // Allocated before the lock, and what it pushes out freed after it: a tenant's calls
+        // on other cores wait for the lock only while the ring is updated.
+        let record = Arc::new(record);
         let history = self.tenant(tenant);
-        let mut history = history.lock().unwrap_or_else(|p| p.into_inner());
-        history.count(&record);
-        history.last_ms = history.last_ms.max(record.at_ms);
-        history.bytes += bytes;
-        history.records.push_back((Arc::new(record), bytes));
-        while history.records.len() > self.records_per_tenant
-            || history.bytes > MAX_HISTORY_BYTES_PER_TENANT
+        let mut pushed_out = Vec::with_capacity(1);
         {
-            let Some((_, bytes)) = history.records.pop_front() else {
-                break;
-            };
-            history.bytes -= bytes;
+            let mut history = history.lock().unwrap_or_else(|p| p.into_inner());
+            history.count(&record);
+            history.last_ms = history.last_ms.max(record.at_ms);
+            history.bytes += bytes;
+            history.records.push_back((record, bytes));
+            while history.records.len() > self.records_per_tenant
+                || history.bytes > MAX_HISTORY_BYTES_PER_TENANT
+            {
+                let Some((record, bytes)) = history.records.pop_front() else {
+                    break;
+                };
+                history.bytes -= bytes;
+                pushed_out.push(record);
+            }
         }
+        drop(pushed_out);
     }
 
     /// The tenant's records that pass `filter`, newest first.

@@ -481,18 +481,22 @@ struct Stored {
 }
 
 impl Stored {
+    /// Three independent reads, side by side: each waits for a blocking-pool thread.
     async fn read(store: Arc<dyn Store>, config: &HostConfig) -> Result<Self, OpenError> {
-        let catalog = StoredCatalog::read(store.clone(), config.js_runtime.as_deref()).await?;
+        let (catalog, purged, approvals) = tokio::join!(
+            StoredCatalog::read(store.clone(), config.js_runtime.as_deref()),
+            store.cache_purge(now_ms()),
+            Approvals::load(store.clone()),
+        );
         // A cache: one not purged now is purged when read, or at the next start.
-        match store.cache_purge(now_ms()).await {
+        match purged {
             Ok(purged) => tracing::debug!(purged, "expired cached results dropped"),
             Err(error) => tracing::warn!(%error, "expired cached results not purged"),
         }
-        let approvals = Approvals::load(store.clone()).await?;
         Ok(Stored {
             store,
-            catalog,
-            approvals,
+            catalog: catalog?,
+            approvals: approvals?,
         })
     }
 }
