@@ -6,6 +6,10 @@
 //! `tools/call` of `text_stats`; over Streamable HTTP (`toolhost serve`, one kept-alive
 //! connection, an initialized session) the same two, and the same call on the REST route, the
 //! peer an MCP call is held to. Printed: p50 and p99 of each, and call − ping per transport.
+//!
+//! With `TOOLHOST_BENCH_WASSETTE` (a `wassette` binary) and
+//! `TOOLHOST_BENCH_WASSETTE_COMPONENT` (the same logic as a WASI component), the same stdio
+//! client also times Microsoft Wassette in the same run: `peers/wassette/run` sets both.
 
 #[path = "support/client.rs"]
 #[allow(dead_code)] // GET is the cluster bench's
@@ -34,10 +38,12 @@ fn main() {
     let key = process::tenant(&data, "acme", "{}", &["text_stats"]);
     println!("{ROUNDS} requests one after another, after {WARMUP} warm-up, one client");
     println!("{:<34} {:>9} {:>9}", "", "p50 µs", "p99 µs");
-    let (ping, call) = stdio(&data);
+    let toolhost = process::cli(&data, &["--tenant", "acme", "mcp"]);
+    let (ping, call) = stdio(toolhost, "text_stats");
     row("stdio    ping", &ping);
     row("stdio    tools/call", &call);
     difference("stdio    call − ping", &call, &ping);
+    wassette(dir.path(), &call);
     // The server opens the data directory the stdio process just let go of.
     let server = process::Server::start(&data, plugins::artifact_dir(), &[]);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -55,9 +61,46 @@ fn main() {
     server.stop();
 }
 
-/// `ping` and `tools/call` over `toolhost mcp`'s pipes.
-fn stdio(data: &std::path::Path) -> (Vec<Duration>, Vec<Duration>) {
-    let mut child = process::cli(data, &["--tenant", "acme", "mcp"])
+/// The same stdio rounds against Wassette, when the bench is given it; its call beside ours.
+fn wassette(dir: &std::path::Path, toolhost_call: &[Duration]) {
+    let (Some(binary), Some(component)) = (
+        std::env::var_os("TOOLHOST_BENCH_WASSETTE"),
+        std::env::var_os("TOOLHOST_BENCH_WASSETTE_COMPONENT"),
+    ) else {
+        println!("stdio    Wassette: not measured (run peers/wassette/run)");
+        return;
+    };
+    // Wassette names a tool after the component's exported function, `text-stats`, and loads
+    // every component in its plugin directory at start.
+    let home = dir.join("wassette");
+    let plugins = home.join("components");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::fs::copy(&component, plugins.join("text_stats.wasm")).unwrap();
+    let mut server = std::process::Command::new(binary);
+    server
+        .args(["serve", "--stdio", "--plugin-dir"])
+        .arg(&plugins)
+        .env("HOME", &home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("WASETTE_CONFIG_FILE", home.join("none.toml"))
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::null());
+    let (ping, call) = stdio(server, "text-stats");
+    row("stdio    Wassette ping (peer)", &ping);
+    row("stdio    Wassette tools/call (peer)", &call);
+    difference("stdio    Wassette call − ping", &call, &ping);
+    println!(
+        "{:<34} {:>9.2}x",
+        "stdio    call, Wassette / toolhost",
+        p50(&call) / p50(toolhost_call)
+    );
+}
+
+/// `ping` and `tools/call` of `tool` over a stdio server's pipes; notifications it sends are
+/// skipped.
+fn stdio(mut server: std::process::Command, tool: &str) -> (Vec<Duration>, Vec<Duration>) {
+    let mut child = server
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -65,23 +108,47 @@ fn stdio(data: &std::path::Path) -> (Vec<Duration>, Vec<Duration>) {
     let mut input = child.stdin.take().unwrap();
     let mut output = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    let mut ask = |message: Value| {
+    let mut ask = |message: &Value| -> Value {
         writeln!(input, "{message}").unwrap();
-        if message.get("id").is_some() {
+        if message.get("id").is_none() {
+            return Value::Null;
+        }
+        loop {
             line.clear();
             output.read_line(&mut line).unwrap();
-            let answer: Value = serde_json::from_str(&line).unwrap();
-            assert!(answer.get("result").is_some(), "{line}");
+            let answer: Value = serde_json::from_str(&line).expect(&line);
+            if answer.get("id").is_some() {
+                let result = answer.get("result").expect(&line);
+                assert_ne!(result["isError"], true, "{line}");
+                return answer;
+            }
         }
     };
-    ask(serde_json::from_str(&client::initialize()).unwrap());
-    ask(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    ask(&serde_json::from_str(&client::initialize()).unwrap());
+    ask(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let list = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"});
+    let tools = ask(&list);
+    assert!(
+        tools.to_string().contains(&format!("\"{tool}\"")),
+        "{tools}"
+    );
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
-    let call = call_request();
-    let ping = timed(|| ask(ping.clone()));
-    let call = timed(|| ask(call.clone()));
+    let call = call_request(tool);
+    let ping = timed(|| {
+        ask(&ping);
+    });
+    let call = timed(|| {
+        ask(&call);
+    });
+    // toolhost ends at the end of its input; Wassette does not, and is stopped.
     drop(input);
-    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     (ping, call)
 }
 
@@ -111,9 +178,9 @@ async fn http(addr: SocketAddr, key: &str) -> [Vec<Duration>; 4] {
     };
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string();
     let ping = rounds("/mcp", &session, ping).await;
-    let call = rounds("/mcp", &session, call_request().to_string()).await;
+    let call = rounds("/mcp", &session, call_request("text_stats").to_string()).await;
     // Each request of 2026-07-28 says its version and method itself: no session.
-    let mut modern = call_request();
+    let mut modern = call_request("text_stats");
     modern["params"]["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
@@ -129,9 +196,9 @@ async fn http(addr: SocketAddr, key: &str) -> [Vec<Duration>; 4] {
     [ping, call, modern, rest]
 }
 
-fn call_request() -> Value {
+fn call_request(tool: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-        "params": {"name": "text_stats", "arguments": {"text": TEXT}}})
+        "params": {"name": tool, "arguments": {"text": TEXT}}})
 }
 
 fn timed(mut round_trip: impl FnMut()) -> Vec<Duration> {

@@ -6,6 +6,8 @@
 //! - `wasm   sandbox only, reused` and `wasm   Host::call, reused`: the same, with the tool
 //!   opted into instance reuse (by the tenant's policy: one kept instance serves up to
 //!   100 000 calls);
+//! - `wasm   Host::call, 100 µs apart`: the same, the thread idle 100 µs before each call, as a
+//!   server is between one client's requests (what an idle core costs the next call);
 //! - `native Host::call`: the same tool logic as a native Rust tool, through the same pipeline;
 //! - `… no history`: the same on a host that keeps no call history (what the console's
 //!   recent calls and per-minute figures cost a call).
@@ -48,12 +50,21 @@ struct Summary {
     mean: Duration,
 }
 
-async fn measure<F: AsyncFnMut()>(mut f: F) -> Summary {
+async fn measure<F: AsyncFnMut()>(f: F) -> Summary {
+    measure_apart(Duration::ZERO, f).await
+}
+
+/// As `measure`, with the thread idle for `gap` before each timed call, as a server is between
+/// one client's requests.
+async fn measure_apart<F: AsyncFnMut()>(gap: Duration, mut f: F) -> Summary {
     for _ in 0..WARMUP {
         f().await;
     }
     let mut samples = Vec::with_capacity(CALLS);
     for _ in 0..CALLS {
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
         let start = Instant::now();
         f().await;
         samples.push(start.elapsed());
@@ -69,7 +80,7 @@ async fn measure<F: AsyncFnMut()>(mut f: F) -> Summary {
 fn row(name: &str, s: &Summary) {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!(
-        "{name:<28} {:>9.1} {:>9.1} {:>9.1}",
+        "{name:<32} {:>9.1} {:>9.1} {:>9.1}",
         us(s.p50),
         us(s.p99),
         us(s.mean)
@@ -241,7 +252,7 @@ async fn run() {
 
     println!("per-call latency, {CALLS} sequential calls after {WARMUP} warm-up, one thread");
     println!(
-        "{:<28} {:>9} {:>9} {:>9}",
+        "{:<32} {:>9} {:>9} {:>9}",
         "", "p50 µs", "p99 µs", "mean µs"
     );
     let wasm_host = measure(async || {
@@ -250,6 +261,12 @@ async fn run() {
     })
     .await;
     row("wasm   Host::call", &wasm_host);
+    let apart = measure_apart(Duration::from_micros(100), async || {
+        let out = host.call(&caller, "text_stats", args.clone()).await;
+        assert!(out.result.is_ok());
+    })
+    .await;
+    row("wasm   Host::call, 100 µs apart", &apart);
 
     // What keeping the call history (for the console) costs a call: a host that keeps none.
     let no_history = Host::open(HostConfig {
