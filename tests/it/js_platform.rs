@@ -390,10 +390,17 @@ async fn fetch_to_a_non_public_address_is_refused_after_resolution() {
 }
 
 /// Where a registry package's sources are, from `cargo metadata` (the package is a
-/// dependency of this workspace, so it is in the lockfile).
+/// dependency of this workspace, so it is in the lockfile). Only this platform's packages:
+/// a fresh machine has downloaded no others, and the test reaches no network.
 fn package_dir(name: &str) -> PathBuf {
+    let host = std::process::Command::new("rustc")
+        .args(["--print", "host-tuple"])
+        .output()
+        .unwrap();
+    let host = String::from_utf8(host.stdout).unwrap();
     let out = std::process::Command::new(env!("CARGO"))
         .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", host.trim()])
         .current_dir(crate::plugins::root())
         .output()
         .unwrap();
