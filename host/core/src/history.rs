@@ -194,7 +194,7 @@ impl History {
         // on other cores wait for the lock only while the ring is updated.
         let record = Arc::new(record);
         let history = self.tenant(tenant);
-        let mut pushed_out = Vec::with_capacity(1);
+        let mut pushed_out = Vec::new();
         {
             let mut history = history.lock().unwrap_or_else(|p| p.into_inner());
             history.count(&record);

@@ -472,7 +472,6 @@ impl Host {
     }
 }
 
-/// The store `config` names, with its secrets key.
 /// What a host reads from its store before it serves.
 struct Stored {
     store: Arc<dyn Store>,
@@ -501,6 +500,7 @@ impl Stored {
     }
 }
 
+/// The store `config` names, with its secrets key.
 async fn open_store(config: &HostConfig) -> Result<Arc<dyn Store>, OpenError> {
     let key = config.secrets_key.clone();
     #[cfg(feature = "postgres")]
