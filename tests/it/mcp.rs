@@ -441,6 +441,97 @@ async fn a_call_the_client_cancels_stops_running() {
     server.await.unwrap().unwrap();
 }
 
+/// `toolhost mcp` answers its client on one thread, yet a call busy for 20 s holds up
+/// neither the client's `ping` (the guest yields to other requests at each epoch) nor, once
+/// the client cancels it, the tenant's one concurrent place (`max_concurrent: 1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_stdio_a_long_call_holds_up_neither_a_ping_nor_the_next_call_after_its_cancel() {
+    use tokio::io::AsyncWriteExt;
+    let data = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(HostConfig {
+            data_dir: Some(data.path().to_owned()),
+            ..crate::plugins::config()
+        })
+        .await
+        .unwrap();
+        host.install("acme", plugin("probe")).await.unwrap();
+        let policy = serde_json::from_value(json!({"max_concurrent": 1})).unwrap();
+        host.set_policy("acme", policy).await.unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["--tenant", "acme", "mcp"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = async |message: Value| {
+        let line = format!("{message}\n");
+        stdin.write_all(line.as_bytes()).await.unwrap();
+    };
+    // The next response, whichever request it answers.
+    let mut next_response = async || loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("toolhost mcp answers within 30 s")
+            .unwrap()
+            .expect("toolhost mcp is still running");
+        let reply: Value = serde_json::from_str(&line).unwrap();
+        if reply.get("id").is_some() {
+            return reply;
+        }
+    };
+    let busy = |id: u64, ms: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "busy", "arguments": {"ms": ms}}})
+    };
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "by-hand", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(next_response().await["id"], 1);
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    send(busy(2, 20_000)).await;
+    send(json!({"jsonrpc": "2.0", "id": 3, "method": "ping"})).await;
+    let first = next_response().await;
+    assert_eq!(first["id"], 3, "the ping waited for the call: {first}");
+    send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 2, "reason": "the user stopped it"}}),
+    )
+    .await;
+    // The cancel and the next call travel separately: retry while the first is being
+    // stopped. Had it not been, its place would stay taken for 20 s.
+    let cancelled_at = std::time::Instant::now();
+    for id in 4.. {
+        send(busy(id, 1)).await;
+        let reply = match next_response().await {
+            reply if reply["id"] == 2 => next_response().await,
+            reply => reply,
+        };
+        assert_eq!(reply["id"], id, "{reply}");
+        if reply["result"]["isError"] == false {
+            break;
+        }
+        assert!(
+            cancelled_at.elapsed() < Duration::from_secs(10),
+            "the cancelled call still holds the tenant's place: {reply}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(stdin);
+    let status = child.wait().await.unwrap();
+    assert!(status.success(), "{status}");
+}
+
 /// One HTTP/1.1 request to the MCP endpoint at `url`, read until the server closes or `until`
 /// appears in what was read (then the connection is dropped, as a client that goes away).
 /// Protocol 2025-11-25 unless `head` names another (or none, with an empty value).

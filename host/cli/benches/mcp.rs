@@ -5,7 +5,8 @@
 //! client sends one request after another: over stdio (`toolhost mcp`) a `ping` and a
 //! `tools/call` of `text_stats`; over Streamable HTTP (`toolhost serve`, one kept-alive
 //! connection, an initialized session) the same two, and the same call on the REST route, the
-//! peer an MCP call is held to. Printed: p50 and p99 of each, and call − ping per transport.
+//! peer an MCP call is held to. Printed: p50 and p99 of each, and call − ping per transport,
+//! for each placement of the client and the servers (one core, two cores, the scheduler's).
 //!
 //! With `TOOLHOST_BENCH_WASSETTE` (a `wassette` binary) and
 //! `TOOLHOST_BENCH_WASSETTE_COMPONENT` (the same logic as a WASI component), the same stdio
@@ -23,13 +24,15 @@ mod process;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use rustix::thread::CpuSet;
 use serde_json::{Value, json};
 
 const WARMUP: usize = 500;
 const ROUNDS: usize = 5_000;
+/// Requests of one kind to one stdio server before the next kind or server.
+const BLOCK: usize = 100;
 const TEXT: &str = "The quick brown fox jumps over the lazy dog. Twice!";
 
 fn main() {
@@ -37,39 +40,136 @@ fn main() {
     let data = dir.path().join("data");
     let key = process::tenant(&data, "acme", "{}", &["text_stats"]);
     println!("{ROUNDS} requests one after another, after {WARMUP} warm-up, one client");
-    println!("{:<34} {:>9} {:>9}", "", "p50 µs", "p99 µs");
-    let toolhost = process::cli(&data, &["--tenant", "acme", "mcp"]);
-    let (ping, call) = stdio(toolhost, "text_stats");
-    row("stdio    ping", &ping);
-    row("stdio    tools/call", &call);
-    difference("stdio    call − ping", &call, &ping);
-    wassette(dir.path(), &call);
-    // The server opens the data directory the stdio process just let go of.
-    let server = process::Server::start(&data, plugins::artifact_dir(), &[]);
+    println!("{:<38} {:>9} {:>9}", "", "p50 µs", "p99 µs");
+    // `cargo bench -p toolhost-cli --bench mcp -- stdio` (or `http`) times one transport.
+    let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--"));
+    let times = |transport: &str| only.as_deref().is_none_or(|only| only == transport);
+    for placement in Placement::all() {
+        println!("{placement}");
+        if times("stdio") {
+            stdio(dir.path(), &data, &placement);
+        }
+        if times("http") {
+            http(&data, &key, &placement);
+        }
+    }
+}
+
+/// Where the client and the servers run. On this VM a wake-up that crosses cores costs tens of
+/// µs each way, and where the scheduler puts a client and its server is chance: one core, two
+/// cores (client on one, servers on the other) and the scheduler's choice are timed apart.
+struct Placement {
+    name: &'static str,
+    /// The client's CPU and the servers'; `None` leaves both to the scheduler.
+    cpus: Option<(usize, usize)>,
+    allowed: CpuSet,
+}
+
+impl Placement {
+    fn all() -> Vec<Placement> {
+        let allowed = rustix::thread::sched_getaffinity(None).unwrap();
+        let ids: Vec<usize> = (0..CpuSet::MAX_CPU)
+            .filter(|&c| allowed.is_set(c))
+            .collect();
+        let (first, last) = (ids[0], ids[ids.len() - 1]);
+        let two_cores = (first != last).then_some(("two cores", Some((first, last))));
+        [("one core", Some((first, first)))]
+            .into_iter()
+            .chain(two_cores)
+            .chain([("as scheduled", None)])
+            .map(|(name, cpus)| Placement {
+                name,
+                cpus,
+                allowed,
+            })
+            .collect()
+    }
+
+    /// Starts servers on the servers' CPU (a child keeps the affinity of the thread that
+    /// started it), then moves this thread, the client, to its own.
+    fn start<T>(&self, servers: impl FnOnce() -> T) -> T {
+        self.pin(self.cpus.map(|(_, server)| server));
+        let started = servers();
+        self.pin(self.cpus.map(|(client, _)| client));
+        started
+    }
+
+    fn pin(&self, cpu: Option<usize>) {
+        let only = cpu.map_or(self.allowed, |cpu| {
+            let mut only = CpuSet::new();
+            only.set(cpu);
+            only
+        });
+        rustix::thread::sched_setaffinity(None, &only).unwrap();
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cpus {
+            Some((client, server)) => {
+                write!(
+                    f,
+                    "{}: client on CPU {client}, servers on CPU {server}",
+                    self.name
+                )
+            }
+            None => write!(f, "{}", self.name),
+        }
+    }
+}
+
+/// toolhost and, when the bench is given it, Wassette over stdio.
+fn stdio(dir: &std::path::Path, data: &std::path::Path, placement: &Placement) {
+    let mut servers = placement.start(|| {
+        let toolhost = process::cli(data, &["--tenant", "acme", "mcp"]);
+        let mut servers = vec![Stdio::start(toolhost, "text_stats")];
+        servers.extend(wassette(dir));
+        servers
+    });
+    // Short blocks of each server in turn: the machine's drift falls on every row alike, and
+    // each server is timed warm, one request after another.
+    let [ping, call, peer_ping, peer_call] = stdio_rounds(&mut servers);
+    servers.into_iter().for_each(Stdio::stop);
+    row("  stdio    ping", &ping);
+    row("  stdio    tools/call", &call);
+    difference("  stdio    call − ping", &call, &ping);
+    if peer_call.is_empty() {
+        println!("  stdio    Wassette: not measured (run peers/wassette/run)");
+        return;
+    }
+    row("  stdio    Wassette ping (peer)", &peer_ping);
+    row("  stdio    Wassette tools/call (peer)", &peer_call);
+    difference("  stdio    Wassette call − ping", &peer_call, &peer_ping);
+    let ratio = p50(&peer_call) / p50(&call);
+    println!(
+        "{:<38} {ratio:>9.2}x",
+        "  stdio    call, Wassette / toolhost"
+    );
+}
+
+/// `toolhost serve` on the data directory the stdio process has let go of.
+fn http(data: &std::path::Path, key: &str, placement: &Placement) {
+    let server = placement.start(|| process::Server::start(data, plugins::artifact_dir(), &[]));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let [ping, call, modern, rest] = runtime.block_on(http(server.addr, &key));
-    row("HTTP     ping", &ping);
-    row("HTTP     tools/call", &call);
-    row("HTTP     tools/call, 2026-07-28", &modern);
-    row("HTTP     REST call (peer)", &rest);
-    difference("HTTP     call − ping", &call, &ping);
-    difference("HTTP     MCP call − REST call", &call, &rest);
-    difference("HTTP     2026-07-28 call − REST", &modern, &rest);
+    let [ping, call, modern, rest] = runtime.block_on(http_rounds(server.addr, key));
     server.stop();
+    row("  HTTP     ping", &ping);
+    row("  HTTP     tools/call", &call);
+    row("  HTTP     tools/call, 2026-07-28", &modern);
+    row("  HTTP     REST call (peer)", &rest);
+    difference("  HTTP     call − ping", &call, &ping);
+    difference("  HTTP     MCP call − REST call", &call, &rest);
+    difference("  HTTP     2026-07-28 call − REST", &modern, &rest);
 }
 
-/// The same stdio rounds against Wassette, when the bench is given it; its call beside ours.
-fn wassette(dir: &std::path::Path, toolhost_call: &[Duration]) {
-    let (Some(binary), Some(component)) = (
-        std::env::var_os("TOOLHOST_BENCH_WASSETTE"),
-        std::env::var_os("TOOLHOST_BENCH_WASSETTE_COMPONENT"),
-    ) else {
-        println!("stdio    Wassette: not measured (run peers/wassette/run)");
-        return;
-    };
+/// Wassette on the same stdio client, when the bench is given it.
+fn wassette(dir: &std::path::Path) -> Option<Stdio> {
+    let binary = std::env::var_os("TOOLHOST_BENCH_WASSETTE")?;
+    let component = std::env::var_os("TOOLHOST_BENCH_WASSETTE_COMPONENT")?;
     // Wassette names a tool after the component's exported function, `text-stats`, and loads
     // every component in its plugin directory at start.
     let home = dir.join("wassette");
@@ -85,76 +185,116 @@ fn wassette(dir: &std::path::Path, toolhost_call: &[Duration]) {
         .env("XDG_DATA_HOME", home.join("data"))
         .env("WASETTE_CONFIG_FILE", home.join("none.toml"))
         .env("RUST_LOG", "warn")
-        .stderr(Stdio::null());
-    let (ping, call) = stdio(server, "text-stats");
-    row("stdio    Wassette ping (peer)", &ping);
-    row("stdio    Wassette tools/call (peer)", &call);
-    difference("stdio    Wassette call − ping", &call, &ping);
-    println!(
-        "{:<34} {:>9.2}x",
-        "stdio    call, Wassette / toolhost",
-        p50(&call) / p50(toolhost_call)
-    );
+        .stderr(std::process::Stdio::null());
+    Some(Stdio::start(server, "text-stats"))
 }
 
-/// `ping` and `tools/call` of `tool` over a stdio server's pipes; notifications it sends are
-/// skipped.
-fn stdio(mut server: std::process::Command, tool: &str) -> (Vec<Duration>, Vec<Duration>) {
-    let mut child = server
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let mut output = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let mut ask = |message: &Value| -> Value {
-        writeln!(input, "{message}").unwrap();
-        if message.get("id").is_none() {
+/// `[ping, call]` of the first server then of the second (empty without one), in blocks of
+/// `BLOCK` pings then `BLOCK` calls, one server's blocks after the other's.
+fn stdio_rounds(servers: &mut [Stdio]) -> [Vec<Duration>; 4] {
+    let mut samples: [Vec<Duration>; 4] = Default::default();
+    for block in 0..(WARMUP + ROUNDS) / BLOCK {
+        for (server, times) in servers.iter_mut().zip(samples.chunks_mut(2)) {
+            for (request, times) in [Request::Ping, Request::Call].into_iter().zip(times) {
+                let timed = (0..BLOCK).map(|_| server.timed(&request));
+                match block >= WARMUP / BLOCK {
+                    true => times.extend(timed),
+                    false => timed.for_each(drop),
+                }
+            }
+        }
+    }
+    samples
+}
+
+enum Request {
+    Ping,
+    Call,
+}
+
+/// An initialized MCP session with a stdio server; notifications it sends are skipped.
+struct Stdio {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: BufReader<std::process::ChildStdout>,
+    line: String,
+    ping: String,
+    call: String,
+}
+
+impl Stdio {
+    fn start(mut server: std::process::Command, tool: &str) -> Self {
+        use std::process::Stdio as Pipe;
+        let mut child = server
+            .stdin(Pipe::piped())
+            .stdout(Pipe::piped())
+            .spawn()
+            .unwrap();
+        let mut session = Stdio {
+            input: child.stdin.take().unwrap(),
+            output: BufReader::new(child.stdout.take().unwrap()),
+            child,
+            line: String::new(),
+            ping: json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string(),
+            call: call_request(tool).to_string(),
+        };
+        session.ask(&client::initialize());
+        session.ask(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string());
+        let tools =
+            session.ask(&json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"}).to_string());
+        assert!(
+            tools.to_string().contains(&format!("\"{tool}\"")),
+            "{tools}"
+        );
+        session
+    }
+
+    fn timed(&mut self, request: &Request) -> Duration {
+        let message = match request {
+            Request::Ping => self.ping.clone(),
+            Request::Call => self.call.clone(),
+        };
+        let start = Instant::now();
+        self.ask(&message);
+        start.elapsed()
+    }
+
+    fn ask(&mut self, message: &str) -> Value {
+        writeln!(self.input, "{message}").unwrap();
+        if !message.contains("\"id\"") {
             return Value::Null;
         }
         loop {
-            line.clear();
-            output.read_line(&mut line).unwrap();
-            let answer: Value = serde_json::from_str(&line).expect(&line);
+            self.line.clear();
+            self.output.read_line(&mut self.line).unwrap();
+            let answer: Value = serde_json::from_str(&self.line).expect(&self.line);
             if answer.get("id").is_some() {
-                let result = answer.get("result").expect(&line);
-                assert_ne!(result["isError"], true, "{line}");
+                let result = answer.get("result").expect(&self.line);
+                assert_ne!(result["isError"], true, "{}", self.line);
                 return answer;
             }
         }
-    };
-    ask(&serde_json::from_str(&client::initialize()).unwrap());
-    ask(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    let list = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list"});
-    let tools = ask(&list);
-    assert!(
-        tools.to_string().contains(&format!("\"{tool}\"")),
-        "{tools}"
-    );
-    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
-    let call = call_request(tool);
-    let ping = timed(|| {
-        ask(&ping);
-    });
-    let call = timed(|| {
-        ask(&call);
-    });
-    // toolhost ends at the end of its input; Wassette does not, and is stopped.
-    drop(input);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
-    (ping, call)
+
+    /// toolhost ends at the end of its input; Wassette does not, and is stopped.
+    fn stop(self) {
+        let Stdio {
+            mut child, input, ..
+        } = self;
+        drop(input);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                child.kill().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 /// `ping` and `tools/call` on one MCP session (2025-06-18), `tools/call` without a session
 /// (2026-07-28, answered as JSON), and the REST call, on one connection.
-async fn http(addr: SocketAddr, key: &str) -> [Vec<Duration>; 4] {
+async fn http_rounds(addr: SocketAddr, key: &str) -> [Vec<Duration>; 4] {
     let mut conn = client::connect(addr).await;
     let (status, headers, _) =
         client::post(&mut conn, "/mcp", key, &[], &client::initialize()).await;
@@ -201,17 +341,6 @@ fn call_request(tool: &str) -> Value {
         "params": {"name": tool, "arguments": {"text": TEXT}}})
 }
 
-fn timed(mut round_trip: impl FnMut()) -> Vec<Duration> {
-    (0..WARMUP).for_each(|_| round_trip());
-    (0..ROUNDS)
-        .map(|_| {
-            let start = Instant::now();
-            round_trip();
-            start.elapsed()
-        })
-        .collect()
-}
-
 fn percentile(samples: &[Duration], p: f64) -> f64 {
     let mut sorted = samples.to_vec();
     sorted.sort();
@@ -224,12 +353,12 @@ fn p50(samples: &[Duration]) -> f64 {
 
 /// The p50 of `a` less that of `b`.
 fn difference(name: &str, a: &[Duration], b: &[Duration]) {
-    println!("{name:<34} {:>9.1}", p50(a) - p50(b));
+    println!("{name:<38} {:>9.1}", p50(a) - p50(b));
 }
 
 fn row(name: &str, samples: &[Duration]) {
     println!(
-        "{name:<34} {:>9.1} {:>9.1}",
+        "{name:<38} {:>9.1} {:>9.1}",
         p50(samples),
         percentile(samples, 0.99)
     );

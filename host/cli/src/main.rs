@@ -254,12 +254,21 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    // More workers than a tenant's share of call trees: a guest in one long, uninterruptible
-    // instruction (a `memory.fill` of hundreds of MiB) holds its worker, and other tenants'
-    // requests must still find one. BENCHMARKS.md has the figures.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(WORKERS_PER_CORE * cores)
+    let mut runtime = match cli.command {
+        // One client of one tenant: on one thread a request is never handed from worker to
+        // worker (a stdio call on one core: 35 µs, 43 µs on 16 workers; BENCHMARKS.md).
+        Command::Mcp { .. } => tokio::runtime::Builder::new_current_thread(),
+        // More workers than a tenant's share of call trees: a guest in one long,
+        // uninterruptible instruction (a `memory.fill` of hundreds of MiB) holds its worker,
+        // and other tenants' requests must still find one. BENCHMARKS.md has the figures.
+        _ => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let mut runtime = tokio::runtime::Builder::new_multi_thread();
+            runtime.worker_threads(WORKERS_PER_CORE * cores);
+            runtime
+        }
+    };
+    let runtime = runtime
         .enable_all()
         .build()
         .expect("starting the tokio runtime");
