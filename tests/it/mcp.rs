@@ -205,22 +205,31 @@ async fn the_official_client_lists_pages_calls_and_hears_of_changes_over_http() 
         .unwrap();
 }
 
+/// A data directory where tenant `acme` has `tool` installed, under `policy` if one is
+/// given; no host holds it open, so `toolhost mcp` can.
+async fn acme_data_dir(tool: &str, policy: Option<Value>) -> tempfile::TempDir {
+    let data = tempfile::tempdir().unwrap();
+    let host = Host::open(HostConfig {
+        data_dir: Some(data.path().to_owned()),
+        ..crate::plugins::config()
+    })
+    .await
+    .unwrap();
+    host.install("acme", plugin(tool)).await.unwrap();
+    if let Some(policy) = policy {
+        let policy = serde_json::from_value(policy).unwrap();
+        host.set_policy("acme", policy).await.unwrap();
+    }
+    data
+}
+
 /// `toolhost mcp` for tenant `acme` (with `text_stats` installed), driven by the official
 /// client over stdio; the data directory lives as long as the returned guard.
 async fn stdio_client(
     extra: &[&str],
     wait_for_change: bool,
 ) -> (tempfile::TempDir, Child, Lines<BufReader<ChildStdout>>) {
-    let data = tempfile::tempdir().unwrap();
-    {
-        let host = Host::open(HostConfig {
-            data_dir: Some(data.path().to_owned()),
-            ..crate::plugins::config()
-        })
-        .await
-        .unwrap();
-        host.install("acme", plugin("text_stats")).await.unwrap();
-    }
+    let data = acme_data_dir("text_stats", None).await;
     let mut client = Command::new("node");
     if wait_for_change {
         client.env("WAIT_FOR_CHANGE", "1");
@@ -363,15 +372,7 @@ async fn the_python_sdk_lists_calls_and_hears_of_changes_in_every_mode_over_http
 /// The same client over stdio (`toolhost mcp`), on the newest version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_lists_and_calls_over_stdio() {
-    let data = tempfile::tempdir().unwrap();
-    let host = Host::open(toolhost::HostConfig {
-        data_dir: Some(data.path().to_owned()),
-        ..crate::plugins::config()
-    })
-    .await
-    .unwrap();
-    host.install("acme", plugin("text_stats")).await.unwrap();
-    drop(host);
+    let data = acme_data_dir("text_stats", None).await;
     let mut child = Command::new("python3")
         .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
         .arg(client_dir().join("python_client.py"))
@@ -447,18 +448,7 @@ async fn a_call_the_client_cancels_stops_running() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_stdio_a_long_call_holds_up_neither_a_ping_nor_the_next_call_after_its_cancel() {
     use tokio::io::AsyncWriteExt;
-    let data = tempfile::tempdir().unwrap();
-    {
-        let host = Host::open(HostConfig {
-            data_dir: Some(data.path().to_owned()),
-            ..crate::plugins::config()
-        })
-        .await
-        .unwrap();
-        host.install("acme", plugin("probe")).await.unwrap();
-        let policy = serde_json::from_value(json!({"max_concurrent": 1})).unwrap();
-        host.set_policy("acme", policy).await.unwrap();
-    }
+    let data = acme_data_dir("probe", Some(json!({"max_concurrent": 1}))).await;
     let mut child = Command::new(env!("CARGO_BIN_EXE_toolhost"))
         .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
         .arg("--data-dir")
