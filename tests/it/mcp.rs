@@ -223,6 +223,22 @@ async fn acme_data_dir(tool: &str, policy: Option<Value>) -> tempfile::TempDir {
     data
 }
 
+/// `toolhost mcp` for tenant `acme` on `data`, its stdin and stdout piped to the test.
+fn toolhost_mcp(data: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
+        .arg("--data-dir")
+        .arg(data)
+        .arg("--js-runtime")
+        .arg(crate::plugins::js_runtime_path())
+        .args(["--tenant", "acme", "mcp"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
 /// `toolhost mcp` for tenant `acme` (with `text_stats` installed), driven by the official
 /// client over stdio; the data directory lives as long as the returned guard.
 async fn stdio_client(
@@ -449,16 +465,7 @@ async fn a_call_the_client_cancels_stops_running() {
 async fn over_stdio_a_long_call_holds_up_neither_a_ping_nor_the_next_call_after_its_cancel() {
     use tokio::io::AsyncWriteExt;
     let data = acme_data_dir("probe", Some(json!({"max_concurrent": 1}))).await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolhost"))
-        .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
-        .arg("--data-dir")
-        .arg(data.path())
-        .args(["--tenant", "acme", "mcp"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = toolhost_mcp(data.path());
     let mut stdin = child.stdin.take().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut send = async |message: Value| {
@@ -988,18 +995,7 @@ async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_trans
             key: served.key.clone(),
             head: vec![("MCP-Protocol-Version", header.to_owned())],
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_toolhost"))
-            .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
-            .arg("--data-dir")
-            .arg(own.path())
-            .arg("--js-runtime")
-            .arg(crate::plugins::js_runtime_path())
-            .args(["--tenant", "acme", "mcp"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let mut child = toolhost_mcp(own.path());
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let stdio = RawSession::Stdio {
             child: Box::new(child),
