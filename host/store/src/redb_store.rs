@@ -45,6 +45,8 @@ type Table = TableDefinition<'static, &'static [u8], &'static [u8]>;
 
 const TOOLS: Table = TableDefinition::new("tools");
 const BLOBS: Table = TableDefinition::new("blobs");
+/// Every blob's sha, with an empty value: listing `BLOBS` itself reads every blob's bytes.
+const BLOB_SHAS: Table = TableDefinition::new("blob_shas");
 const ARTIFACTS: Table = TableDefinition::new("artifacts");
 const CACHE: Table = TableDefinition::new("cache");
 const KV: Table = TableDefinition::new("kv");
@@ -59,11 +61,12 @@ const DURABLE_CALLS: Table = TableDefinition::new("durable_calls");
 const DURABLE_UNENDED: Table = TableDefinition::new("durable_unended");
 /// Bytes of each tenant's data (KV and cache entries, keys included), kept with every write.
 const USAGE: Table = TableDefinition::new("usage");
-const TABLES: [Table; 14] = [
+const TABLES: [Table; 15] = [
     DURABLE_CALLS,
     DURABLE_UNENDED,
     TOOLS,
     BLOBS,
+    BLOB_SHAS,
     ARTIFACTS,
     CACHE,
     KV,
@@ -198,18 +201,23 @@ impl RedbFile {
             file: None,
         };
         // Every table exists from the start, so that a read never meets a missing one. A
-        // store written before usage was kept gets it counted once. Read first: a durable
-        // commit on every start would cost a restart a disk flush for nothing.
+        // store written before usage or blob shas were kept gets them counted once. Read
+        // first: a durable commit on every start would cost a restart a disk flush for nothing.
         if store.has_every_table().map_err(backend)? {
             return Ok(store);
         }
         store.write(Commit::Durable, |tx| {
-            let counted = tx.list_tables()?.any(|table| table.name() == USAGE.name());
+            let had: Vec<String> = tx.list_tables()?.map(|t| t.name().to_owned()).collect();
+            let had = |table: Table| had.iter().any(|name| name == table.name());
+            let (counted, listed) = (had(USAGE), had(BLOB_SHAS));
             for table in TABLES {
                 tx.open_table(table)?;
             }
             if !counted {
                 recount_usage(tx)?;
+            }
+            if !listed {
+                list_blob_shas(tx)?;
             }
             Ok(())
         })?;
@@ -440,6 +448,26 @@ fn recount_usage(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::E
     Ok(())
 }
 
+/// Stores a blob and lists its sha.
+fn insert_blob(
+    tx: &redb::WriteTransaction,
+    sha: &str,
+    bytes: &[u8],
+) -> std::result::Result<(), redb::Error> {
+    tx.open_table(BLOBS)?.insert(sha.as_bytes(), bytes)?;
+    tx.open_table(BLOB_SHAS)?.insert(sha.as_bytes(), &[][..])?;
+    Ok(())
+}
+
+/// Lists the sha of every stored blob, once, for a store written before they were listed.
+fn list_blob_shas(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
+    let mut shas = tx.open_table(BLOB_SHAS)?;
+    for entry in tx.open_table(BLOBS)?.iter()? {
+        shas.insert(entry?.0.value(), &[][..])?;
+    }
+    Ok(())
+}
+
 impl RedbFile {
     fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
         let entries = self.scan(TOOLS, b"")?;
@@ -477,7 +505,7 @@ impl RedbFile {
     }
 
     fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
-        self.put(BLOBS, sha.as_bytes(), bytes, Commit::Durable)
+        self.write(Commit::Durable, |tx| insert_blob(tx, sha, bytes))
     }
 
     fn put_component(
@@ -489,7 +517,7 @@ impl RedbFile {
     ) -> Result<()> {
         let stored = [&Sha256::digest(artifact)[..], artifact].concat();
         self.write(Commit::Durable, |tx| {
-            tx.open_table(BLOBS)?.insert(sha.as_bytes(), bytes)?;
+            insert_blob(tx, sha, bytes)?;
             let key = format!("{sha}:{fingerprint}");
             tx.open_table(ARTIFACTS)?
                 .insert(key.as_bytes(), &stored[..])?;
@@ -669,7 +697,7 @@ impl RedbFile {
             tracing::warn!(unreadable, "tool records unreadable: no blob collected");
             return Ok(None);
         }
-        let shas = self.read(BLOBS, |blobs| {
+        let shas = self.read(BLOB_SHAS, |blobs| {
             let mut shas = Vec::new();
             for entry in blobs.iter().map_err(backend)? {
                 shas.push(String::from_utf8_lossy(entry.map_err(backend)?.0.value()).into_owned());
@@ -690,9 +718,10 @@ impl RedbFile {
             .map(|(key, _)| key)
             .collect();
         self.write(Commit::Durable, |tx| {
-            let mut blobs = tx.open_table(BLOBS)?;
+            let (mut blobs, mut shas) = (tx.open_table(BLOBS)?, tx.open_table(BLOB_SHAS)?);
             for sha in dead {
                 blobs.remove(sha.as_bytes())?;
+                shas.remove(sha.as_bytes())?;
             }
             let mut stored = tx.open_table(ARTIFACTS)?;
             for key in &artifacts {
@@ -1374,6 +1403,33 @@ mod tests {
             store.data_bytes("t").unwrap(),
             ("t\0tool\0k".len() + 5) as u64
         );
+    }
+
+    #[test]
+    fn blob_shas_are_listed_once_for_a_store_written_before_they_were_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
+            store.put_blob("kept", b"one").unwrap();
+            store.put_component("dead", b"two", "fp", b"code").unwrap();
+            store
+                .write(Commit::Durable, |tx| {
+                    tx.delete_table(BLOB_SHAS)?;
+                    Ok(())
+                })
+                .unwrap();
+        }
+        let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
+        let mut shas = store.blob_shas_if_entries_readable().unwrap().unwrap();
+        shas.sort();
+        assert_eq!(shas, ["dead", "kept"]);
+        store.remove_blobs(&["dead".into()]).unwrap();
+        assert_eq!(
+            store.blob_shas_if_entries_readable().unwrap().unwrap(),
+            ["kept"]
+        );
+        assert_eq!(store.blob("dead").unwrap(), None);
+        assert_eq!(store.artifact("dead", "fp").unwrap(), None);
     }
 
     #[test]
