@@ -481,12 +481,54 @@ fn artifacts(dir: &std::path::Path) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
-/// Commits what `edit` does to the stored artifacts of the closed store in `dir`.
-fn tamper_with_artifacts(dir: &std::path::Path, edit: impl FnOnce(&mut redb::Table<&[u8], &[u8]>)) {
+const TOOLS: redb::TableDefinition<&[u8], &[u8]> = redb::TableDefinition::new("tools");
+
+/// Commits what `edit` does to one table of the closed store in `dir`.
+fn tamper(
+    dir: &std::path::Path,
+    table: redb::TableDefinition<&[u8], &[u8]>,
+    edit: impl FnOnce(&mut redb::Table<&[u8], &[u8]>),
+) {
     let db = redb::Database::open(dir.join(toolhost_store::STORE_FILE)).unwrap();
     let tx = db.begin_write().unwrap();
-    edit(&mut tx.open_table(ARTIFACTS).unwrap());
+    edit(&mut tx.open_table(table).unwrap());
     tx.commit().unwrap();
+}
+
+#[tokio::test]
+async fn a_stored_schema_that_no_longer_compiles_fails_its_calls_only() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let host = Host::open(persistent(dir.path())).await.unwrap();
+        host.install("acme", plugin("unit_convert")).await.unwrap();
+        host.install("globex", plugin("unit_convert"))
+            .await
+            .unwrap();
+    }
+    // As if a newer host read a schema that its JSON Schema rules now refuse.
+    tamper(dir.path(), TOOLS, |table| {
+        use redb::ReadableTable;
+        let key = b"acme\0convert_units";
+        let mut entry: Value =
+            serde_json::from_slice(table.get(&key[..]).unwrap().unwrap().value()).unwrap();
+        entry["versions"][0]["spec"]["parameters"] = json!({"type": "no-such-type"});
+        table
+            .insert(&key[..], &serde_json::to_vec(&entry).unwrap()[..])
+            .unwrap();
+    });
+    let host = Host::open(persistent(dir.path())).await.unwrap();
+    let listed: Vec<String> = host.list("acme").into_iter().map(|t| t.spec.name).collect();
+    assert!(listed.contains(&"convert_units".to_owned()), "{listed:?}");
+    let args = json!({"value": 3, "from": "ft", "to": "in"});
+    let out = call(&host, "acme", "convert_units", args.clone()).await;
+    match out.result {
+        Err(CallError::Internal { message }) => {
+            assert!(message.contains("parameters"), "names the field: {message}")
+        }
+        other => panic!("expected an internal error, got {other:?}"),
+    }
+    let out = call(&host, "globex", "convert_units", args).await;
+    assert_eq!(out.result.unwrap()["value"], json!(36.0));
 }
 
 #[tokio::test]
@@ -499,7 +541,7 @@ async fn a_damaged_artifact_is_recompiled_never_trusted() {
     let (key, mut damaged) = artifacts(dir.path()).remove(0);
     let middle = damaged.len() / 2;
     damaged[middle] ^= 0xff;
-    tamper_with_artifacts(dir.path(), |table| {
+    tamper(dir.path(), ARTIFACTS, |table| {
         table.insert(&key[..], &damaged[..]).unwrap();
     });
     {
@@ -709,7 +751,7 @@ async fn a_store_cannot_hand_the_host_code_to_run() {
     };
     let (convert_key, _) = key_of(&convert);
     let (_, stats_artifact) = key_of(&stats);
-    tamper_with_artifacts(dir.path(), |table| {
+    tamper(dir.path(), ARTIFACTS, |table| {
         table.insert(&convert_key[..], &stats_artifact[..]).unwrap();
     });
     let host = Host::open(persistent(dir.path())).await.unwrap();

@@ -117,7 +117,7 @@ async fn measure(dir: &Path, cap: usize) {
         .sum();
     println!("| {label}: process before opening the store | {before:.1} | – | – |");
     println!(
-        "| {label}: after open, {tools} tools in the catalog, schemas compiled | {after_open:.1} | {} | {open_ms:.0} |",
+        "| {label}: after open, {tools} tools in the catalog | {after_open:.1} | {} | {open_ms:.0} |",
         host.loaded_components(),
     );
     for pass in ["first", "second"] {

@@ -3,8 +3,8 @@
 //! are kept in memory, rebuilt from the store at start, beside the app's native tools.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -114,10 +114,11 @@ impl Resolved {
         }
     }
 
-    pub fn schemas(&self) -> &Schemas {
+    /// Its compiled schemas; an error if a stored spec's no longer compile.
+    pub fn schemas(&self) -> Result<&Schemas, &SpecError> {
         match self {
-            Resolved::Native(tool) => &tool.schemas,
-            Resolved::Tenant(tool) => &tool.schemas,
+            Resolved::Native(tool) => Ok(&tool.schemas),
+            Resolved::Tenant(tool) => tool.schemas(),
         }
     }
 
@@ -575,7 +576,7 @@ impl Catalog {
 fn valid_tools(entries: &[ToolEntry]) -> Vec<TenantTool> {
     entries
         .iter()
-        .filter_map(|entry| match tenant_tool(entry) {
+        .filter_map(|entry| match stored_tenant_tool(entry) {
             Ok(tool) => Some(tool),
             Err(error) => {
                 tracing::error!(tenant = entry.tenant, %error, "stored tool no longer valid; not loaded");
@@ -592,13 +593,25 @@ fn check_tenant(tenant: &str) -> Result<(), InstallError> {
     }
 }
 
+/// A tool being installed or rolled back: every rule checked, its schemas compiled.
 fn tenant_tool(entry: &ToolEntry) -> Result<TenantTool, SpecError> {
     let version = entry.current().clone();
     let schemas = version.spec.validate()?;
     Ok(TenantTool {
         tenant: entry.tenant.clone(),
         version,
-        schemas,
+        schemas: OnceLock::from(Ok(schemas)),
+    })
+}
+
+/// A tool read back from the store, checked at install: its schemas wait for its first call.
+fn stored_tenant_tool(entry: &ToolEntry) -> Result<TenantTool, SpecError> {
+    let version = entry.current().clone();
+    version.spec.check_fields()?;
+    Ok(TenantTool {
+        tenant: entry.tenant.clone(),
+        version,
+        schemas: OnceLock::new(),
     })
 }
 

@@ -18,7 +18,7 @@ use toolhost_spec::call::{CallContext, CallError, CallOutcome, Caller};
 use toolhost_spec::clip::clip;
 use toolhost_spec::keypath::{self, KeyPath};
 use toolhost_spec::policy::{Decision, TenantPolicy};
-use toolhost_spec::spec::Limits;
+use toolhost_spec::spec::{Limits, Schemas};
 use toolhost_spec::strict;
 use toolhost_store::{SourceKind, Store, now_ms};
 
@@ -232,7 +232,16 @@ impl Pipeline {
         if spec.strict {
             strict::nulls_as_absent(&spec.parameters, &mut args);
         }
-        if let Err(errors) = tool.schemas().args.validate(&args) {
+        let schemas = match tool.schemas() {
+            Ok(schemas) => schemas,
+            Err(error) => {
+                tracing::error!(tenant = ctx.tenant, %error, "stored spec no longer compiles");
+                let message = format!("the stored spec no longer compiles: {error}");
+                outcome.result = Err(CallError::Internal { message });
+                return;
+            }
+        };
+        if let Err(errors) = schemas.args.validate(&args) {
             outcome.result = Err(CallError::InvalidArgs { errors });
             return;
         }
@@ -438,7 +447,13 @@ impl Pipeline {
                 _ => break,
             }
         }
-        if let (Ok(value), Some(output)) = (&result, &tool.schemas().output)
+        if let (
+            Ok(value),
+            Ok(Schemas {
+                output: Some(output),
+                ..
+            }),
+        ) = (&result, tool.schemas())
             && let Err(errors) = output.validate(value)
         {
             let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use serde_json::Value;
 
@@ -32,13 +32,21 @@ pub struct TenantTool {
     pub tenant: String,
     /// The version that answers calls.
     pub version: ToolVersion,
-    pub(crate) schemas: Schemas,
+    /// Compiled on the first call of a tool read back from the store: a restart compiles none.
+    pub(crate) schemas: OnceLock<Result<Schemas, SpecError>>,
 }
 
 impl TenantTool {
     /// The current version's spec.
     pub fn spec(&self) -> &ToolSpec {
         &self.version.spec
+    }
+
+    /// Its compiled schemas; an error if the stored spec's no longer compile.
+    pub(crate) fn schemas(&self) -> Result<&Schemas, &SpecError> {
+        self.schemas
+            .get_or_init(|| self.version.spec.compile_schemas())
+            .as_ref()
     }
 }
 

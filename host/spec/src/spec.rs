@@ -269,6 +269,13 @@ impl ToolSpec {
 
     /// Checks every rule and compiles the schemas, which calls then validate against.
     pub fn validate(&self) -> Result<Schemas, SpecError> {
+        self.check_fields()?;
+        self.compile_schemas()
+    }
+
+    /// Every rule but the schemas': cheap, for a spec read back from the store, whose schemas
+    /// are compiled on its first call.
+    pub fn check_fields(&self) -> Result<(), SpecError> {
         let name = &self.name;
         if !is_valid_name(name) {
             return Err(SpecError::new(
@@ -334,6 +341,12 @@ impl ToolSpec {
                 "only an idempotent tool may be retried (set idempotent)",
             ));
         }
+        Ok(())
+    }
+
+    /// Compiles the parameters' and the output's schemas, checking a strict spec's too.
+    pub fn compile_schemas(&self) -> Result<Schemas, SpecError> {
+        let name = &self.name;
         let args = schema::compile(&self.parameters, self.strict)
             .map_err(|rule| SpecError::new(name, "parameters", rule))?;
         if self.strict {
