@@ -33,6 +33,16 @@ async fn next_step(lines: &mut Lines<BufReader<ChildStdout>>, step: &str) -> Val
     value
 }
 
+/// The next message `toolhost mcp` writes, within 30 s.
+async fn next_message(lines: &mut Lines<BufReader<ChildStdout>>) -> Value {
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("toolhost mcp answers within 30 s")
+        .unwrap()
+        .expect("toolhost mcp is still running");
+    serde_json::from_str(&line).unwrap()
+}
+
 /// A host served on a loopback port until `stop` is sent, with a key of `acme`'s and the MCP
 /// URL.
 pub(crate) struct Served {
@@ -474,12 +484,7 @@ async fn over_stdio_a_long_call_holds_up_neither_a_ping_nor_the_next_call_after_
     };
     // The next response, whichever request it answers.
     let mut next_response = async || loop {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("toolhost mcp answers within 30 s")
-            .unwrap()
-            .expect("toolhost mcp is still running");
-        let reply: Value = serde_json::from_str(&line).unwrap();
+        let reply = next_message(&mut lines).await;
         if reply.get("id").is_some() {
             return reply;
         }
@@ -963,12 +968,7 @@ impl RawSession {
                     .unwrap();
                 let id = id?;
                 loop {
-                    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-                        .await
-                        .expect("toolhost mcp answers within 30 s")
-                        .unwrap()
-                        .expect("toolhost mcp is still running");
-                    let reply: Value = serde_json::from_str(&line).unwrap();
+                    let reply = next_message(lines).await;
                     if reply["id"] == id {
                         return Some(reply);
                     }

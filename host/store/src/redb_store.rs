@@ -1339,6 +1339,7 @@ impl Store for RedbStore {
 mod tests {
     use super::*;
     use serde_json::json;
+    use tempfile::TempDir;
     use toolhost_spec::spec::ToolSpec;
 
     use crate::SourceKind;
@@ -1385,20 +1386,28 @@ mod tests {
         assert!(matches!(second, StoreError::Locked { .. }), "{second}");
     }
 
-    #[test]
-    fn usage_is_counted_once_for_a_store_written_before_it_was_kept() {
+    /// The store `write` fills, reopened as a version that did not keep `table` left it.
+    fn reopened_without(table: Table, write: impl FnOnce(&RedbFile)) -> (TempDir, RedbFile) {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
-            store.kv_set("t", "tool", "k", b"value", u64::MAX).unwrap();
+            write(&store);
             store
                 .write(Commit::Durable, |tx| {
-                    tx.delete_table(USAGE)?;
+                    tx.delete_table(table)?;
                     Ok(())
                 })
                 .unwrap();
         }
         let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn usage_is_counted_once_for_a_store_written_before_it_was_kept() {
+        let (_dir, store) = reopened_without(USAGE, |store| {
+            store.kv_set("t", "tool", "k", b"value", u64::MAX).unwrap();
+        });
         assert_eq!(
             store.data_bytes("t").unwrap(),
             ("t\0tool\0k".len() + 5) as u64
@@ -1407,19 +1416,10 @@ mod tests {
 
     #[test]
     fn blob_shas_are_listed_once_for_a_store_written_before_they_were_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
+        let (_dir, store) = reopened_without(BLOB_SHAS, |store| {
             store.put_blob("kept", b"one").unwrap();
             store.put_component("dead", b"two", "fp", b"code").unwrap();
-            store
-                .write(Commit::Durable, |tx| {
-                    tx.delete_table(BLOB_SHAS)?;
-                    Ok(())
-                })
-                .unwrap();
-        }
-        let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
+        });
         let mut shas = store.blob_shas_if_entries_readable().unwrap().unwrap();
         shas.sort();
         assert_eq!(shas, ["dead", "kept"]);
