@@ -18,7 +18,7 @@ use toolhost_spec::call::{CallContext, CallError, CallOutcome, Caller};
 use toolhost_spec::clip::clip;
 use toolhost_spec::keypath::{self, KeyPath};
 use toolhost_spec::policy::{Decision, TenantPolicy};
-use toolhost_spec::spec::{Limits, Schemas};
+use toolhost_spec::spec::Limits;
 use toolhost_spec::strict;
 use toolhost_store::{SourceKind, Store, now_ms};
 
@@ -447,13 +447,9 @@ impl Pipeline {
                 _ => break,
             }
         }
-        if let (
-            Ok(value),
-            Ok(Schemas {
-                output: Some(output),
-                ..
-            }),
-        ) = (&result, tool.schemas())
+        // Compiled before the run, as the arguments were checked.
+        let output_schema = tool.schemas().ok().and_then(|s| s.output.as_ref());
+        if let (Ok(value), Some(output)) = (&result, output_schema)
             && let Err(errors) = output.validate(value)
         {
             let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
