@@ -531,6 +531,43 @@ async fn a_stored_schema_that_no_longer_compiles_fails_its_calls_only() {
     assert_eq!(out.result.unwrap()["value"], json!(36.0));
 }
 
+/// A tool record that no longer reads (here: its current version is not one it keeps) is
+/// skipped at open, alone, and while it is there no blob is collected: what it refers to is
+/// unknown.
+#[tokio::test]
+async fn an_unreadable_tool_record_is_skipped_and_keeps_every_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stats, convert) = (plugin("text_stats"), plugin("unit_convert"));
+    {
+        let host = Host::open(persistent(dir.path())).await.unwrap();
+        host.install("acme", stats.clone()).await.unwrap();
+        host.install("acme", convert).await.unwrap();
+        host.install("acme", plugin("json_query")).await.unwrap();
+        for tool in ["text_stats", "word_frequency"] {
+            assert!(host.remove("acme", tool).await.unwrap());
+        }
+    }
+    tamper(dir.path(), TOOLS, |table| {
+        use redb::ReadableTable;
+        let key = b"acme\0convert_units";
+        let mut entry: Value =
+            serde_json::from_slice(table.get(&key[..]).unwrap().unwrap().value()).unwrap();
+        entry["current"] = json!(99);
+        table
+            .insert(&key[..], &serde_json::to_vec(&entry).unwrap()[..])
+            .unwrap();
+    });
+    let host = Host::open(persistent(dir.path())).await.unwrap();
+    assert!(host.describe("acme", "convert_units").is_none());
+    let listed: Vec<String> = host.list("acme").into_iter().map(|t| t.spec.name).collect();
+    assert_eq!(listed, ["json_query"]);
+    let removed = toolhost::digest::sha256_hex(&stats);
+    assert!(
+        host.store().blob(&removed).await.unwrap().is_some(),
+        "not collected while a record is unreadable"
+    );
+}
+
 #[tokio::test]
 async fn a_damaged_artifact_is_recompiled_never_trusted() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,7 +2,7 @@
 //! versions, rollback, removal, listing, and resolving a name for a call. Each tenant's tools
 //! are kept in memory, rebuilt from the store at start, beside the app's native tools.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -12,7 +12,7 @@ use toolhost_sandbox::GuestToolDef;
 use toolhost_spec::digest::sha256_hex;
 use toolhost_spec::export::{self, Format};
 use toolhost_spec::spec::{CachePolicy, Limits, RESERVED_NAMES, Schemas, SpecError, ToolSpec};
-use toolhost_store::{SourceKind, Store, StoreError, ToolEntry, code_bytes, now_ms};
+use toolhost_store::{SourceKind, Store, StoreError, ToolEntry, ToolRecords, code_bytes, now_ms};
 
 use crate::components::Components;
 use crate::config::{MAX_JS_SOURCE_BYTES, MAX_TOOLS_PER_COMPONENT};
@@ -36,11 +36,11 @@ pub struct JsSource {
 /// opens, before any install can race it.
 async fn collect_blobs(
     store: &dyn Store,
-    entries: &[ToolEntry],
+    records: &ToolRecords,
     js_runtime: Option<&str>,
 ) -> Result<(), StoreError> {
     let mut live: HashSet<String> = js_runtime.map(str::to_owned).into_iter().collect();
-    for version in entries.iter().flat_map(|entry| &entry.versions) {
+    for version in records.entries.iter().flat_map(|entry| &entry.versions) {
         if version.kind == SourceKind::Js
             && let Some(blob) = store.blob(&version.component).await?
             && let Ok(js) = serde_json::from_slice::<JsSource>(&blob)
@@ -49,7 +49,9 @@ async fn collect_blobs(
         }
         live.insert(version.component.clone());
     }
-    let collected = store.collect_blobs(&|sha| live.contains(sha)).await?;
+    let collected = store
+        .collect_blobs(records.unreadable, &|sha| live.contains(sha))
+        .await?;
     if collected > 0 {
         tracing::info!(collected, "blobs no tool refers to any more removed");
     }
@@ -182,10 +184,10 @@ impl StoredCatalog {
             }
             None => None,
         };
-        let entries = store.tool_entries().await?;
-        collect_blobs(&*store, &entries, js_runtime.as_deref()).await?;
+        let records = store.tool_entries().await?;
+        collect_blobs(&*store, &records, js_runtime.as_deref()).await?;
         let tools = TenantTools::default();
-        for tool in valid_tools(&entries) {
+        for tool in valid_tools(records.entries) {
             tools.insert(tool);
         }
         Ok(StoredCatalog {
@@ -542,7 +544,7 @@ impl Catalog {
         // what that write replaces.
         let _writing = self.entry_writes.lock().await;
         let entries = self.store.tool_entries_of(tenant).await?;
-        self.tools.replace_tenant(tenant, valid_tools(&entries));
+        self.tools.replace_tenant(tenant, valid_tools(entries));
         self.changed(tenant);
         Ok(())
     }
@@ -550,18 +552,22 @@ impl Catalog {
     /// Reads every tenant's tools again (notices from other nodes may have been missed).
     pub async fn reload_all(&self) -> Result<(), StoreError> {
         let _writing = self.entry_writes.lock().await;
-        let entries = self.store.tool_entries().await?;
-        let mut tenants: Vec<String> = entries.iter().map(|e| e.tenant.clone()).collect();
-        tenants.extend(self.tools.tenants());
-        tenants.sort();
-        tenants.dedup();
-        for tenant in tenants {
-            let of_tenant: Vec<ToolEntry> = entries
-                .iter()
-                .filter(|e| e.tenant == tenant)
-                .cloned()
-                .collect();
-            let tools = valid_tools(&of_tenant);
+        let mut by_tenant: BTreeMap<String, Vec<ToolEntry>> = self
+            .tools
+            .tenants()
+            .into_iter()
+            .map(|tenant| (tenant, Vec::new()))
+            .collect();
+        for entry in self.store.tool_entries().await?.entries {
+            match by_tenant.get_mut(&entry.tenant) {
+                Some(entries) => entries.push(entry),
+                None => {
+                    by_tenant.insert(entry.tenant.clone(), vec![entry]);
+                }
+            }
+        }
+        for (tenant, entries) in by_tenant {
+            let tools = valid_tools(entries);
             if self.tools.differs(&tenant, &tools) {
                 self.tools.replace_tenant(&tenant, tools);
                 self.changed(&tenant);
@@ -573,11 +579,11 @@ impl Catalog {
 
 /// The tools `entries` serve. A stored tool that no longer passes the rules is skipped,
 /// loudly, rather than taking its tenant's other tools down with it.
-fn valid_tools(entries: &[ToolEntry]) -> Vec<TenantTool> {
+fn valid_tools(entries: Vec<ToolEntry>) -> Vec<TenantTool> {
     entries
-        .iter()
-        .filter_map(|entry| match stored_tenant_tool(entry) {
-            Ok(tool) => Some(tool),
+        .into_iter()
+        .filter_map(|entry| match entry.current().spec.check_fields() {
+            Ok(()) => Some(stored_tenant_tool(entry)),
             Err(error) => {
                 tracing::error!(tenant = entry.tenant, %error, "stored tool no longer valid; not loaded");
                 None
@@ -604,15 +610,13 @@ fn tenant_tool(entry: &ToolEntry) -> Result<TenantTool, SpecError> {
     })
 }
 
-/// A tool read back from the store, checked at install: its schemas wait for its first call.
-fn stored_tenant_tool(entry: &ToolEntry) -> Result<TenantTool, SpecError> {
-    let version = entry.current().clone();
-    version.spec.check_fields()?;
-    Ok(TenantTool {
-        tenant: entry.tenant.clone(),
-        version,
+/// A tool read back from the store, its fields checked: its schemas wait for its first call.
+fn stored_tenant_tool(mut entry: ToolEntry) -> TenantTool {
+    TenantTool {
+        tenant: std::mem::take(&mut entry.tenant),
+        version: entry.into_current(),
         schemas: OnceLock::new(),
-    })
+    }
 }
 
 fn spec_from_guest(def: GuestToolDef) -> Result<ToolSpec, SpecError> {

@@ -28,7 +28,7 @@ async fn open_and_list(dir: &Path) -> (Duration, bool) {
     let cold = drop_page_cache();
     let start = Instant::now();
     let store = RedbStore::open(dir, 16 << 20).unwrap();
-    let collected = store.collect_blobs(&|_| true).await.unwrap();
+    let collected = store.collect_blobs(0, &|_| true).await.unwrap();
     let took = start.elapsed();
     assert_eq!(collected, 0, "every blob is live");
     (took, cold)

@@ -28,8 +28,10 @@ use toolhost_spec::call::Caller;
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::{CACHE_TTL_MS, ToolSpec};
 
-/// A tool's history: the versions kept, and which one answers calls.
+/// A tool's history: the versions kept, and which one answers calls. A stored record whose
+/// current version is not one it keeps does not read as an entry: it is unreadable.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "UncheckedToolEntry")]
 pub struct ToolEntry {
     /// The tenant that owns the tool.
     pub tenant: String,
@@ -39,6 +41,46 @@ pub struct ToolEntry {
     pub current: u32,
     /// Oldest first; at most [`MAX_VERSIONS_KEPT`].
     pub versions: Vec<ToolVersion>,
+}
+
+/// A [`ToolEntry`] as stored, before its current version is checked.
+#[derive(Deserialize)]
+struct UncheckedToolEntry {
+    tenant: String,
+    name: String,
+    current: u32,
+    versions: Vec<ToolVersion>,
+}
+
+impl TryFrom<UncheckedToolEntry> for ToolEntry {
+    type Error = String;
+
+    fn try_from(stored: UncheckedToolEntry) -> std::result::Result<Self, String> {
+        let entry = ToolEntry {
+            tenant: stored.tenant,
+            name: stored.name,
+            current: stored.current,
+            versions: stored.versions,
+        };
+        match entry.version(entry.current) {
+            Some(_) => Ok(entry),
+            None => Err(format!(
+                "current version {} is not one of the {} kept",
+                entry.current,
+                entry.versions.len()
+            )),
+        }
+    }
+}
+
+/// Every tool record as read: the entries that parse, and how many did not.
+#[derive(Debug, Default)]
+pub struct ToolRecords {
+    /// The readable entries.
+    pub entries: Vec<ToolEntry>,
+    /// Records skipped as unreadable (damaged, or from an incompatible version); each is
+    /// logged and left in place.
+    pub unreadable: usize,
 }
 
 /// One installed version of a tool.
@@ -82,6 +124,15 @@ impl ToolEntry {
     /// The version calls run.
     pub fn current(&self) -> &ToolVersion {
         self.version(self.current)
+            .expect("an entry's current version is one of its versions")
+    }
+
+    /// The version calls run, taken out of the entry.
+    pub fn into_current(self) -> ToolVersion {
+        let current = self.current;
+        self.versions
+            .into_iter()
+            .find(|v| v.version == current)
             .expect("an entry's current version is one of its versions")
     }
 
@@ -205,8 +256,8 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// away, and a file store's synced writes block, so neither may hold an executor thread.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync {
-    /// Every tool entry of every tenant.
-    async fn tool_entries(&self) -> Result<Vec<ToolEntry>>;
+    /// Every tool entry of every tenant, and how many records were skipped as unreadable.
+    async fn tool_entries(&self) -> Result<ToolRecords>;
     /// One tenant's tool entries.
     async fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>>;
     /// Writes all entries at once: after a crash, either all of them are there or none.
@@ -244,8 +295,14 @@ pub trait Store: Send + Sync {
     async fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()>;
     /// Removes every blob that `live` does not keep, with its compiled artifacts; returns how
     /// many. Removes nothing while a tool record is unreadable: what it refers to is unknown.
-    async fn collect_blobs(&self, live: &(dyn for<'a> Fn(&'a str) -> bool + Sync))
-    -> Result<usize>;
+    /// `unreadable` is the count the caller's [`Store::tool_entries`] just gave: a store only
+    /// this process writes trusts it rather than parse every record again; one that other
+    /// nodes write reads its records again.
+    async fn collect_blobs(
+        &self,
+        unreadable: usize,
+        live: &(dyn for<'a> Fn(&'a str) -> bool + Sync),
+    ) -> Result<usize>;
 
     /// A tenant's cached result, unless it expired by `now_ms`.
     async fn cache_get(&self, tenant: &str, key: &[u8], now_ms: u64) -> Result<Option<Value>>;
@@ -697,6 +754,26 @@ mod tests {
         let old = json!({"id": "4b715e2b", "tenant": "acme", "created_at_ms": 1});
         let record: KeyRecord = serde_json::from_value(old).unwrap();
         assert_eq!(record.role, Role::Developer);
+    }
+
+    #[test]
+    fn an_entry_whose_current_version_is_not_kept_does_not_read() {
+        let mut entry = ToolEntry {
+            tenant: "a".into(),
+            name: "t".into(),
+            current: 0,
+            versions: vec![],
+        };
+        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
+        entry.push(SourceKind::Wasm, spec, "sha".into(), 10, 1);
+        let mut stored = serde_json::to_value(&entry).unwrap();
+        assert_eq!(
+            serde_json::from_value::<ToolEntry>(stored.clone()).unwrap(),
+            entry
+        );
+        stored["current"] = json!(2);
+        let error = serde_json::from_value::<ToolEntry>(stored).unwrap_err();
+        assert!(error.to_string().contains("current version 2"), "{error}");
     }
 
     #[test]

@@ -21,8 +21,8 @@ use toolhost_spec::policy::TenantPolicy;
 
 use crate::{
     Change, ConfigValue, DurableCall, DurableState, EntriesLock, HeldCall, KeyRecord, Result,
-    SecretsKey, Store, StoreError, ToolEntry, cache_bytes, cache_expired, kv_bytes, now_ms,
-    open_config, over, quota_error, seal_config,
+    SecretsKey, Store, StoreError, ToolEntry, ToolRecords, cache_bytes, cache_expired, kv_bytes,
+    now_ms, open_config, over, quota_error, seal_config,
 };
 
 /// A blob this young is never collected: an install on another node may not have written
@@ -457,16 +457,21 @@ fn readable<T: serde::de::DeserializeOwned>(
 
 #[async_trait::async_trait]
 impl Store for PgStore {
-    async fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
-        let rows =
+    async fn tool_entries(&self) -> Result<ToolRecords> {
+        let rows: Vec<(String, String)> =
             sqlx::query_as("SELECT tenant || '/' || name, entry FROM tools ORDER BY tenant, name")
                 .fetch_all(&self.pool)
                 .await
                 .map_err(backend)?;
-        Ok(readable("tool record", rows)
+        let count = rows.len();
+        let entries: Vec<ToolEntry> = readable("tool record", rows)
             .into_iter()
             .map(|(_, e)| e)
-            .collect())
+            .collect();
+        Ok(ToolRecords {
+            unreadable: count - entries.len(),
+            entries,
+        })
     }
 
     async fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
@@ -580,25 +585,22 @@ impl Store for PgStore {
 
     async fn collect_blobs(
         &self,
+        _unreadable: usize,
         live: &(dyn for<'a> Fn(&'a str) -> bool + Sync),
     ) -> Result<usize> {
-        let entries: Vec<(String, String)> =
-            sqlx::query_as("SELECT tenant || '/' || name, entry FROM tools")
-                .fetch_all(&self.pool)
-                .await
-                .map_err(backend)?;
-        let unreadable = entries
-            .iter()
-            .filter(|(_, json)| serde_json::from_str::<ToolEntry>(json).is_err())
-            .count();
-        if unreadable > 0 {
-            tracing::warn!(unreadable, "tool records unreadable: no blob collected");
+        // Other nodes write the table: what it holds now counts, not what the caller read.
+        let records = self.tool_entries().await?;
+        if records.unreadable > 0 {
+            tracing::warn!(
+                unreadable = records.unreadable,
+                "tool records unreadable: no blob collected"
+            );
             return Ok(0);
         }
         // What another node installed since `live` was taken is referenced in the database.
-        let referenced: std::collections::HashSet<String> = entries
-            .iter()
-            .filter_map(|(_, json)| serde_json::from_str::<ToolEntry>(json).ok())
+        let referenced: std::collections::HashSet<String> = records
+            .entries
+            .into_iter()
             .flat_map(|entry| entry.versions.into_iter().map(|v| v.component))
             .collect();
         // Another node may be between storing a blob and the entry that refers to it.

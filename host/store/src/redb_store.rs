@@ -33,7 +33,8 @@ use toolhost_spec::policy::TenantPolicy;
 
 use crate::{
     ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, Result, SecretsKey, Store,
-    StoreError, ToolEntry, cache_expired, now_ms, open_config, over, quota_error, seal_config,
+    StoreError, ToolEntry, ToolRecords, cache_expired, now_ms, open_config, over, quota_error,
+    seal_config,
 };
 
 fn key(parts: &[&str]) -> Vec<u8> {
@@ -469,12 +470,17 @@ fn list_blob_shas(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::
 }
 
 impl RedbFile {
-    fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
-        let entries = self.scan(TOOLS, b"")?;
-        Ok(readable(entries, "tool record")
+    fn tool_entries(&self) -> Result<ToolRecords> {
+        let records = self.scan(TOOLS, b"")?;
+        let count = records.len();
+        let entries: Vec<ToolEntry> = readable(records, "tool record")
             .into_iter()
             .map(|(_, e)| e)
-            .collect())
+            .collect();
+        Ok(ToolRecords {
+            unreadable: count - entries.len(),
+            entries,
+        })
     }
 
     fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
@@ -685,26 +691,15 @@ impl RedbFile {
         })
     }
 
-    /// Every blob's sha, or `None` while a tool record is unreadable: what it refers to is
-    /// unknown, so nothing may be collected.
-    fn blob_shas_if_entries_readable(&self) -> Result<Option<Vec<String>>> {
-        let unreadable = self
-            .scan(TOOLS, b"")?
-            .iter()
-            .filter(|(_, value)| serde_json::from_slice::<ToolEntry>(value).is_err())
-            .count();
-        if unreadable > 0 {
-            tracing::warn!(unreadable, "tool records unreadable: no blob collected");
-            return Ok(None);
-        }
-        let shas = self.read(BLOB_SHAS, |blobs| {
+    /// Every blob's sha.
+    fn blob_shas(&self) -> Result<Vec<String>> {
+        self.read(BLOB_SHAS, |blobs| {
             let mut shas = Vec::new();
             for entry in blobs.iter().map_err(backend)? {
                 shas.push(String::from_utf8_lossy(entry.map_err(backend)?.0.value()).into_owned());
             }
             Ok(shas)
-        })?;
-        Ok(Some(shas))
+        })
     }
 
     /// Removes these blobs and their compiled artifacts, in one transaction.
@@ -1044,7 +1039,7 @@ impl RedbStore {
 /// Each method moves its arguments to a blocking thread and runs the file's own there.
 #[async_trait::async_trait]
 impl Store for RedbStore {
-    async fn tool_entries(&self) -> Result<Vec<ToolEntry>> {
+    async fn tool_entries(&self) -> Result<ToolRecords> {
         self.blocking(|file| file.tool_entries()).await
     }
 
@@ -1104,14 +1099,16 @@ impl Store for RedbStore {
 
     async fn collect_blobs(
         &self,
+        unreadable: usize,
         live: &(dyn for<'a> Fn(&'a str) -> bool + Sync),
     ) -> Result<usize> {
-        let Some(shas) = self
-            .blocking(|file| file.blob_shas_if_entries_readable())
-            .await?
-        else {
+        // This process holds the file's lock and writes only readable records: the count
+        // read at open stands.
+        if unreadable > 0 {
+            tracing::warn!(unreadable, "tool records unreadable: no blob collected");
             return Ok(0);
-        };
+        }
+        let shas = self.blocking(|file| file.blob_shas()).await?;
         let dead: Vec<String> = shas.into_iter().filter(|sha| !live(sha)).collect();
         if dead.is_empty() {
             return Ok(0);
@@ -1420,14 +1417,11 @@ mod tests {
             store.put_blob("kept", b"one").unwrap();
             store.put_component("dead", b"two", "fp", b"code").unwrap();
         });
-        let mut shas = store.blob_shas_if_entries_readable().unwrap().unwrap();
+        let mut shas = store.blob_shas().unwrap();
         shas.sort();
         assert_eq!(shas, ["dead", "kept"]);
         store.remove_blobs(&["dead".into()]).unwrap();
-        assert_eq!(
-            store.blob_shas_if_entries_readable().unwrap().unwrap(),
-            ["kept"]
-        );
+        assert_eq!(store.blob_shas().unwrap(), ["kept"]);
         assert_eq!(store.blob("dead").unwrap(), None);
         assert_eq!(store.artifact("dead", "fp").unwrap(), None);
     }
@@ -1448,7 +1442,11 @@ mod tests {
         store
             .put(TOOLS, &broken, b"{not an entry", Commit::Durable)
             .unwrap();
-        assert_eq!(store.tool_entries().unwrap(), vec![entry.clone()]);
+        let records = store.tool_entries().unwrap();
+        assert_eq!(
+            (records.entries, records.unreadable),
+            (vec![entry.clone()], 1)
+        );
         assert_eq!(store.tool_entries_of("a").unwrap(), vec![entry]);
         assert!(
             store.get(TOOLS, &broken).unwrap().is_some(),

@@ -104,7 +104,7 @@ async fn tool_entries_are_kept_by_tenant(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(store.tool_entries_of("a").await.unwrap(), vec![a.clone()]);
-    assert_eq!(store.tool_entries().await.unwrap().len(), 2);
+    assert_eq!(store.tool_entries().await.unwrap().entries.len(), 2);
     let mut newer = a.clone();
     newer.push(
         SourceKind::Js,
@@ -117,7 +117,7 @@ async fn tool_entries_are_kept_by_tenant(store: Arc<dyn Store>) {
     assert_eq!(store.tool_entries_of("a").await.unwrap(), vec![newer]);
     assert!(store.remove_tool_entry("a", "t").await.unwrap());
     assert!(!store.remove_tool_entry("a", "t").await.unwrap());
-    assert_eq!(store.tool_entries().await.unwrap(), vec![ab]);
+    assert_eq!(store.tool_entries().await.unwrap().entries, vec![ab]);
 }
 
 /// Every engine keeps what is live; when it collects the rest differs (see the tests after
@@ -138,7 +138,7 @@ async fn blobs_are_collected_only_when_nothing_refers_to_them(store: Arc<dyn Sto
         .unwrap();
     store.put_blob("referenced", b"3").await.unwrap();
     let live = |sha: &str| sha == "live" || sha == "referenced";
-    assert!(store.collect_blobs(&live).await.unwrap() <= 1);
+    assert!(store.collect_blobs(0, &live).await.unwrap() <= 1);
     assert_eq!(
         store.blob("live").await.unwrap().as_deref(),
         Some(&b"1"[..])
@@ -150,7 +150,7 @@ async fn blobs_are_collected_only_when_nothing_refers_to_them(store: Arc<dyn Sto
 async fn redb_collects_a_dead_blob_at_once() {
     let store = redb(None);
     store.put_blob("dead", b"2").await.unwrap();
-    assert_eq!(store.collect_blobs(&|_| false).await.unwrap(), 1);
+    assert_eq!(store.collect_blobs(0, &|_| false).await.unwrap(), 1);
     assert_eq!(store.blob("dead").await.unwrap(), None);
 }
 
@@ -168,7 +168,7 @@ async fn postgres_collects_a_dead_blob_only_once_it_is_an_hour_old() {
         .execute(&pool)
         .await
         .unwrap();
-    assert_eq!(store.collect_blobs(&|_| false).await.unwrap(), 1);
+    assert_eq!(store.collect_blobs(0, &|_| false).await.unwrap(), 1);
     assert_eq!(store.blob("dead").await.unwrap(), None);
     assert!(store.blob("young").await.unwrap().is_some());
 }
