@@ -66,14 +66,26 @@ impl Seal {
     }
 
     /// The artifact, if this host sealed exactly these bytes under `name`.
-    pub fn open(&self, name: &str, mut sealed: Vec<u8>) -> Option<Vec<u8>> {
-        if sealed.len() < TAG {
-            return None;
-        }
-        let artifact = sealed.split_off(TAG);
+    pub fn open(&self, name: &str, sealed: Vec<u8>) -> Option<Opened> {
+        let (tag, artifact) = sealed.split_at_checked(TAG)?;
         // Constant time, so the tag cannot be guessed byte by byte.
-        self.tag(name, &artifact).verify_slice(&sealed).ok()?;
-        Some(artifact)
+        self.tag(name, artifact).verify_slice(tag).ok()?;
+        Some(Opened(sealed))
+    }
+}
+
+/// An artifact whose seal this host checked, read in place behind its tag: an artifact is
+/// megabytes, and a call that loads one should not copy it again.
+pub(crate) struct Opened(Vec<u8>);
+
+impl Opened {
+    pub fn artifact(&self) -> &[u8] {
+        &self.0[TAG..]
+    }
+
+    pub fn into_artifact(mut self) -> Vec<u8> {
+        self.0.drain(..TAG);
+        self.0
     }
 }
 
@@ -129,21 +141,22 @@ mod tests {
     fn only_what_this_key_sealed_opens() {
         let seal = Seal::ephemeral().unwrap();
         let sealed = seal.seal("a:fp", b"machine code");
-        assert_eq!(
-            seal.open("a:fp", sealed.clone()).as_deref(),
-            Some(&b"machine code"[..])
-        );
+        let opened = seal.open("a:fp", sealed.clone()).unwrap();
+        assert_eq!(opened.artifact(), b"machine code");
+        assert_eq!(opened.into_artifact(), b"machine code");
         let mut flipped = sealed.clone();
         *flipped.last_mut().unwrap() ^= 1;
-        assert_eq!(seal.open("a:fp", flipped), None, "a flipped bit");
-        assert_eq!(
-            seal.open("b:fp", sealed.clone()),
-            None,
+        assert!(seal.open("a:fp", flipped).is_none(), "a flipped bit");
+        assert!(
+            seal.open("b:fp", sealed.clone()).is_none(),
             "another component's artifact"
         );
         let other_host = Seal::ephemeral().unwrap();
-        assert_eq!(other_host.open("a:fp", sealed), None, "another host's key");
-        assert_eq!(seal.open("a:fp", b"short".to_vec()), None);
+        assert!(
+            other_host.open("a:fp", sealed).is_none(),
+            "another host's key"
+        );
+        assert!(seal.open("a:fp", b"short".to_vec()).is_none());
     }
 
     #[test]
@@ -154,8 +167,8 @@ mod tests {
         cache.put("abc", "fp", &seal.seal("abc:fp", b"compiled code"));
         let stored = cache.get("abc", "fp").unwrap();
         assert_eq!(
-            same.open("abc:fp", stored).as_deref(),
-            Some(&b"compiled code"[..])
+            same.open("abc:fp", stored).unwrap().artifact(),
+            b"compiled code"
         );
         assert_eq!(cache.get("abc", "other-engine"), None);
         use std::os::unix::fs::PermissionsExt;

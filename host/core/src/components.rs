@@ -22,7 +22,7 @@ pub(crate) struct Components {
     /// Artifacts shared on this machine's disk, checked before compiling.
     artifact_dir: Option<ArtifactDir>,
     /// Only artifacts sealed with this key are ever deserialized.
-    seal: Seal,
+    seal: Arc<Seal>,
     metrics: Arc<Metrics>,
 }
 
@@ -61,7 +61,7 @@ impl Components {
             store,
             loaded: quick_cache::sync::Cache::new(max_loaded.max(1)),
             artifact_dir,
-            seal,
+            seal: Arc::new(seal),
             metrics,
         })
     }
@@ -82,21 +82,23 @@ impl Components {
     /// Compiles (or finds the stored artifact of) an uploaded component and links it.
     pub async fn compile(&self, bytes: Vec<u8>) -> Result<NewComponent, InstallError> {
         let sha = sha256_hex(&bytes);
-        let (bytes, artifact, sealed) = match self.stored(&sha).await? {
-            Some(artifact) => (bytes, artifact, None),
-            None => {
-                let (bytes, artifact) = self.compile_blob(&sha, bytes).await?;
-                let sealed = self.seal.seal(&self.name(&sha), &artifact);
-                (bytes, artifact, Some(sealed))
-            }
-        };
-        // SAFETY: compiled here just now, or sealed by this host (`stored`).
+        if let Some(prepared) = self.load_stored(&sha).await? {
+            return Ok(NewComponent {
+                sha,
+                prepared,
+                bytes,
+                sealed: None,
+            });
+        }
+        let (bytes, artifact) = self.compile_blob(&sha, bytes).await?;
+        let sealed = self.seal.seal(&self.name(&sha), &artifact);
+        // SAFETY: compiled here just now.
         let prepared = unsafe { self.sandbox.load(&artifact) }?;
         Ok(NewComponent {
             sha,
             prepared,
             bytes,
-            sealed,
+            sealed: Some(sealed),
         })
     }
 
@@ -127,50 +129,53 @@ impl Components {
         format!("{sha}:{}", self.sandbox.fingerprint())
     }
 
-    /// The store's artifact for `sha`, if this host sealed it.
-    async fn stored(&self, sha: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    /// The store's artifact for `sha`, loaded, if this host sealed it. Checking the seal
+    /// hashes every byte of it and loading copies them, megabytes: off the async workers.
+    async fn load_stored(&self, sha: &str) -> Result<Option<Prepared>, InstallError> {
         let fingerprint = self.sandbox.fingerprint();
         let Some(sealed) = self.store.artifact(sha, fingerprint).await? else {
             return Ok(None);
         };
-        let opened = self.seal.open(&self.name(sha), sealed);
-        if opened.is_none() {
+        let (seal, sandbox, name) = (self.seal.clone(), self.sandbox.clone(), self.name(sha));
+        let loaded = tokio::task::spawn_blocking(move || {
+            let opened = seal.open(&name, sealed)?;
+            // SAFETY: sealed by this host.
+            Some(unsafe { sandbox.load(opened.artifact()) })
+        })
+        .await
+        .expect("loading an artifact does not panic");
+        if loaded.is_none() {
             tracing::warn!(
                 sha,
                 "stored artifact not sealed by this host; compiling again"
             );
         }
-        Ok(opened)
+        Ok(loaded.transpose()?)
     }
 
     async fn load(&self, sha: &str) -> Result<Prepared, String> {
-        let artifact = match self.stored(sha).await.map_err(|e| e.to_string())? {
-            Some(artifact) => {
-                self.metrics.component_loaded(ComponentSource::Artifact);
-                artifact
-            }
-            None => {
-                self.metrics.component_loaded(ComponentSource::Compiled);
-                let blob = self
-                    .store
-                    .blob(sha)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .ok_or_else(|| format!("component {sha} is missing from the store"))?;
-                let (_, artifact) = self
-                    .compile_blob(sha, blob)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let sealed = self.seal.seal(&self.name(sha), &artifact);
-                // A cache: on a failing disk the call runs anyway, compiled again next time.
-                let fingerprint = self.sandbox.fingerprint();
-                if let Err(error) = self.store.put_artifact(sha, fingerprint, &sealed).await {
-                    tracing::warn!(%error, sha, "compiled artifact not stored");
-                }
-                artifact
-            }
-        };
-        // SAFETY: as in `compile`: compiled here, or sealed by this host.
+        if let Some(prepared) = self.load_stored(sha).await.map_err(|e| e.to_string())? {
+            self.metrics.component_loaded(ComponentSource::Artifact);
+            return Ok(prepared);
+        }
+        self.metrics.component_loaded(ComponentSource::Compiled);
+        let blob = self
+            .store
+            .blob(sha)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("component {sha} is missing from the store"))?;
+        let (_, artifact) = self
+            .compile_blob(sha, blob)
+            .await
+            .map_err(|e| e.to_string())?;
+        let sealed = self.seal.seal(&self.name(sha), &artifact);
+        // A cache: on a failing disk the call runs anyway, compiled again next time.
+        let fingerprint = self.sandbox.fingerprint();
+        if let Err(error) = self.store.put_artifact(sha, fingerprint, &sealed).await {
+            tracing::warn!(%error, sha, "compiled artifact not stored");
+        }
+        // SAFETY: compiled here just now.
         unsafe { self.sandbox.load(&artifact) }.map_err(|e| e.to_string())
     }
 
@@ -185,8 +190,8 @@ impl Components {
             .artifact_dir
             .as_ref()
             .and_then(|dir| dir.get(sha, fingerprint));
-        if let Some(artifact) = shared.and_then(|sealed| self.seal.open(&self.name(sha), sealed)) {
-            return Ok((bytes, artifact));
+        if let Some(opened) = shared.and_then(|sealed| self.seal.open(&self.name(sha), sealed)) {
+            return Ok((bytes, opened.into_artifact()));
         }
         let sandbox = self.sandbox.clone();
         let (bytes, artifact) = tokio::task::spawn_blocking(move || {

@@ -390,7 +390,7 @@ impl Sandbox {
     /// # Safety
     ///
     /// wasmtime runs the artifact's machine code as is: `artifact` must be the output of
-    /// `compile` on an engine with this fingerprint, unaltered (the store checks a checksum).
+    /// `compile` on an engine with this fingerprint, unaltered (the host seals what it stores).
     pub unsafe fn load(&self, artifact: &[u8]) -> Result<Prepared, LoadError> {
         // SAFETY: the caller upholds this function's contract.
         let component = unsafe { Component::deserialize(&self.engine, artifact) }

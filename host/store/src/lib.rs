@@ -288,8 +288,8 @@ pub trait Store: Send + Sync {
         fingerprint: &str,
         artifact: &[u8],
     ) -> Result<()>;
-    /// The artifact, only if its checksum still matches; a damaged one is dropped so that the
-    /// caller recompiles from the blob.
+    /// The artifact as stored. The host checks it (it seals every artifact it stores) and
+    /// replaces one that fails with [`Store::put_artifact`].
     async fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>>;
     /// Replaces a compiled artifact (one compiled again after the last was dropped).
     async fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()>;

@@ -4,7 +4,8 @@
 //! |-------------|--------------------------------|-------------------------------------------|
 //! | `tools`     | `tenant \0 name`               | [`ToolEntry`] JSON: every kept version (spec, source kind, component sha256, installed-at) |
 //! | `blobs`     | component sha256 (hex)         | the uploaded component bytes              |
-//! | `artifacts` | `sha256 : engine fingerprint`  | sha256 of the artifact, then the artifact |
+//! | `blob_shas` | component sha256 (hex)         | nothing: the list of `blobs`' keys        |
+//! | `sealed_artifacts` | `sha256 : engine fingerprint` | the artifact as the host sealed it (the host checks the seal) |
 //! | `cache`     | `tenant \0` sha256 of (tool, version, key) | expiry (u64 BE ms), then result JSON |
 //! | `kv`        | `tenant \0 tool \0 key`        | the value bytes                           |
 //! | `config`    | `tenant \0 key`                | [`ConfigValue`] JSON                      |
@@ -28,7 +29,6 @@ use std::sync::{Arc, Mutex};
 
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use toolhost_spec::policy::TenantPolicy;
 
 use crate::{
@@ -48,7 +48,11 @@ const TOOLS: Table = TableDefinition::new("tools");
 const BLOBS: Table = TableDefinition::new("blobs");
 /// Every blob's sha, with an empty value: listing `BLOBS` itself reads every blob's bytes.
 const BLOB_SHAS: Table = TableDefinition::new("blob_shas");
-const ARTIFACTS: Table = TableDefinition::new("artifacts");
+/// Compiled artifacts as the host hands them over. It seals each one and checks the seal when
+/// it reads one back, so the store adds no checksum of its own.
+const ARTIFACTS: Table = TableDefinition::new("sealed_artifacts");
+/// Where artifacts were kept before, each behind a sha256 of itself; moved once.
+const CHECKSUMMED_ARTIFACTS: Table = TableDefinition::new("artifacts");
 const CACHE: Table = TableDefinition::new("cache");
 const KV: Table = TableDefinition::new("kv");
 const CONFIG: Table = TableDefinition::new("config");
@@ -211,6 +215,7 @@ impl RedbFile {
             let had: Vec<String> = tx.list_tables()?.map(|t| t.name().to_owned()).collect();
             let had = |table: Table| had.iter().any(|name| name == table.name());
             let (counted, listed) = (had(USAGE), had(BLOB_SHAS));
+            let checksummed = had(CHECKSUMMED_ARTIFACTS);
             for table in TABLES {
                 tx.open_table(table)?;
             }
@@ -219,6 +224,9 @@ impl RedbFile {
             }
             if !listed {
                 list_blob_shas(tx)?;
+            }
+            if checksummed {
+                move_checksummed_artifacts(tx)?;
             }
             Ok(())
         })?;
@@ -469,6 +477,21 @@ fn list_blob_shas(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::
     Ok(())
 }
 
+/// Moves artifacts kept behind a checksum, once, without it: the host's seal still checks each.
+fn move_checksummed_artifacts(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
+    {
+        let mut artifacts = tx.open_table(ARTIFACTS)?;
+        for entry in tx.open_table(CHECKSUMMED_ARTIFACTS)?.iter()? {
+            let (key, stored) = entry?;
+            if let Some(artifact) = stored.value().get(32..) {
+                artifacts.insert(key.value(), artifact)?;
+            }
+        }
+    }
+    tx.delete_table(CHECKSUMMED_ARTIFACTS)?;
+    Ok(())
+}
+
 impl RedbFile {
     fn tool_entries(&self) -> Result<ToolRecords> {
         let records = self.scan(TOOLS, b"")?;
@@ -521,36 +544,21 @@ impl RedbFile {
         fingerprint: &str,
         artifact: &[u8],
     ) -> Result<()> {
-        let stored = [&Sha256::digest(artifact)[..], artifact].concat();
         self.write(Commit::Durable, |tx| {
             insert_blob(tx, sha, bytes)?;
             let key = format!("{sha}:{fingerprint}");
-            tx.open_table(ARTIFACTS)?
-                .insert(key.as_bytes(), &stored[..])?;
+            tx.open_table(ARTIFACTS)?.insert(key.as_bytes(), artifact)?;
             Ok(())
         })
     }
 
     fn artifact(&self, sha: &str, fingerprint: &str) -> Result<Option<Vec<u8>>> {
-        let key = format!("{sha}:{fingerprint}");
-        let Some(mut stored) = self.get(ARTIFACTS, key.as_bytes())? else {
-            return Ok(None);
-        };
-        if stored.len() >= 32 && Sha256::digest(&stored[32..])[..] == stored[..32] {
-            return Ok(Some(stored.split_off(32)));
-        }
-        tracing::warn!(
-            component = sha,
-            "compiled artifact failed its checksum; recompiling"
-        );
-        self.remove(ARTIFACTS, key.as_bytes())?;
-        Ok(None)
+        self.get(ARTIFACTS, format!("{sha}:{fingerprint}").as_bytes())
     }
 
     fn put_artifact(&self, sha: &str, fingerprint: &str, artifact: &[u8]) -> Result<()> {
-        let stored = [&Sha256::digest(artifact)[..], artifact].concat();
         let key = format!("{sha}:{fingerprint}");
-        self.put(ARTIFACTS, key.as_bytes(), &stored, Commit::Durable)
+        self.put(ARTIFACTS, key.as_bytes(), artifact, Commit::Durable)
     }
 
     fn durable_put(&self, call: &DurableCall) -> Result<()> {
@@ -1354,8 +1362,9 @@ mod tests {
         drop(store);
     }
 
+    /// Kept as given: checking it is the host's (its seal; `tests/it/store.rs`).
     #[test]
-    fn a_damaged_artifact_is_refused_and_dropped() {
+    fn an_artifact_is_kept_per_component_and_engine() {
         let store = RedbFile::temporary().unwrap();
         store
             .put_component("abc", b"blob", "fp", b"machine code")
@@ -1365,13 +1374,11 @@ mod tests {
             Some(&b"machine code"[..])
         );
         assert_eq!(store.artifact("abc", "other-engine").unwrap(), None);
-        let mut stored = store.get(ARTIFACTS, b"abc:fp").unwrap().unwrap();
-        *stored.last_mut().unwrap() ^= 1;
-        store
-            .put(ARTIFACTS, b"abc:fp", &stored, Commit::Durable)
-            .unwrap();
-        assert_eq!(store.artifact("abc", "fp").unwrap(), None);
-        assert!(store.get(ARTIFACTS, b"abc:fp").unwrap().is_none());
+        store.put_artifact("abc", "fp", b"compiled again").unwrap();
+        assert_eq!(
+            store.artifact("abc", "fp").unwrap().as_deref(),
+            Some(&b"compiled again"[..])
+        );
         assert_eq!(store.blob("abc").unwrap().as_deref(), Some(&b"blob"[..]));
     }
 
@@ -1398,6 +1405,32 @@ mod tests {
         }
         let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
         (dir, store)
+    }
+
+    #[test]
+    fn artifacts_kept_behind_a_checksum_are_moved_once_without_it() {
+        let (_dir, store) = reopened_without(ARTIFACTS, |store| {
+            store.put_blob("sha", b"component").unwrap();
+            let checksummed = [&[7u8; 32][..], b"code"].concat();
+            store
+                .write(Commit::Durable, |tx| {
+                    let mut old = tx.open_table(CHECKSUMMED_ARTIFACTS)?;
+                    old.insert(&b"sha:fp"[..], &checksummed[..])?;
+                    Ok(())
+                })
+                .unwrap();
+        });
+        assert_eq!(
+            store.artifact("sha", "fp").unwrap().as_deref(),
+            Some(&b"code"[..])
+        );
+        let tx = store.db.begin_read().unwrap();
+        let tables: Vec<String> = tx
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .collect();
+        assert!(!tables.contains(&"artifacts".to_owned()), "{tables:?}");
     }
 
     #[test]
