@@ -496,6 +496,25 @@ fn tamper(
     tx.commit().unwrap();
 }
 
+/// Commits what `edit` does to the JSON of `tenant`'s record of `tool` in the closed store.
+fn tamper_tool_record(
+    dir: &std::path::Path,
+    tenant: &str,
+    tool: &str,
+    edit: impl FnOnce(&mut Value),
+) {
+    tamper(dir, TOOLS, |table| {
+        use redb::ReadableTable;
+        let key = format!("{tenant}\0{tool}").into_bytes();
+        let mut entry: Value =
+            serde_json::from_slice(table.get(&key[..]).unwrap().unwrap().value()).unwrap();
+        edit(&mut entry);
+        table
+            .insert(&key[..], &serde_json::to_vec(&entry).unwrap()[..])
+            .unwrap();
+    });
+}
+
 #[tokio::test]
 async fn a_stored_schema_that_no_longer_compiles_fails_its_calls_only() {
     let dir = tempfile::tempdir().unwrap();
@@ -507,15 +526,8 @@ async fn a_stored_schema_that_no_longer_compiles_fails_its_calls_only() {
             .unwrap();
     }
     // As if a newer host read a schema that its JSON Schema rules now refuse.
-    tamper(dir.path(), TOOLS, |table| {
-        use redb::ReadableTable;
-        let key = b"acme\0convert_units";
-        let mut entry: Value =
-            serde_json::from_slice(table.get(&key[..]).unwrap().unwrap().value()).unwrap();
+    tamper_tool_record(dir.path(), "acme", "convert_units", |entry| {
         entry["versions"][0]["spec"]["parameters"] = json!({"type": "no-such-type"});
-        table
-            .insert(&key[..], &serde_json::to_vec(&entry).unwrap()[..])
-            .unwrap();
     });
     let host = Host::open(persistent(dir.path())).await.unwrap();
     let listed: Vec<String> = host.list("acme").into_iter().map(|t| t.spec.name).collect();
@@ -548,15 +560,8 @@ async fn an_unreadable_tool_record_is_skipped_and_keeps_every_blob() {
             assert!(host.remove("acme", tool).await.unwrap());
         }
     }
-    tamper(dir.path(), TOOLS, |table| {
-        use redb::ReadableTable;
-        let key = b"acme\0convert_units";
-        let mut entry: Value =
-            serde_json::from_slice(table.get(&key[..]).unwrap().unwrap().value()).unwrap();
+    tamper_tool_record(dir.path(), "acme", "convert_units", |entry| {
         entry["current"] = json!(99);
-        table
-            .insert(&key[..], &serde_json::to_vec(&entry).unwrap()[..])
-            .unwrap();
     });
     let host = Host::open(persistent(dir.path())).await.unwrap();
     assert!(host.describe("acme", "convert_units").is_none());

@@ -559,12 +559,10 @@ impl Catalog {
             .map(|tenant| (tenant, Vec::new()))
             .collect();
         for entry in self.store.tool_entries().await?.entries {
-            match by_tenant.get_mut(&entry.tenant) {
-                Some(entries) => entries.push(entry),
-                None => {
-                    by_tenant.insert(entry.tenant.clone(), vec![entry]);
-                }
-            }
+            by_tenant
+                .entry(entry.tenant.clone())
+                .or_default()
+                .push(entry);
         }
         for (tenant, entries) in by_tenant {
             let tools = valid_tools(entries);

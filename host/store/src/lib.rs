@@ -83,6 +83,16 @@ pub struct ToolRecords {
     pub unreadable: usize,
 }
 
+impl ToolRecords {
+    /// The entries that parsed out of `read` records.
+    pub fn of(read: usize, entries: Vec<ToolEntry>) -> Self {
+        ToolRecords {
+            unreadable: read - entries.len(),
+            entries,
+        }
+    }
+}
+
 /// One installed version of a tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolVersion {

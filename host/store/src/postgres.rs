@@ -463,15 +463,12 @@ impl Store for PgStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(backend)?;
-        let count = rows.len();
-        let entries: Vec<ToolEntry> = readable("tool record", rows)
+        let read = rows.len();
+        let entries = readable("tool record", rows)
             .into_iter()
             .map(|(_, e)| e)
             .collect();
-        Ok(ToolRecords {
-            unreadable: count - entries.len(),
-            entries,
-        })
+        Ok(ToolRecords::of(read, entries))
     }
 
     async fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {

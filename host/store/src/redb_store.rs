@@ -495,15 +495,12 @@ fn move_checksummed_artifacts(tx: &redb::WriteTransaction) -> std::result::Resul
 impl RedbFile {
     fn tool_entries(&self) -> Result<ToolRecords> {
         let records = self.scan(TOOLS, b"")?;
-        let count = records.len();
-        let entries: Vec<ToolEntry> = readable(records, "tool record")
+        let read = records.len();
+        let entries = readable(records, "tool record")
             .into_iter()
             .map(|(_, e)| e)
             .collect();
-        Ok(ToolRecords {
-            unreadable: count - entries.len(),
-            entries,
-        })
+        Ok(ToolRecords::of(read, entries))
     }
 
     fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
