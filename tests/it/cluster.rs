@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::process::{Server, cli, http, plugin_file, run};
+use crate::process::{Server, cli, free_addr, http, plugin_file, run, tenant};
 
 /// A fresh database of its own on the test server, and its URL.
 pub struct Database {
@@ -82,10 +82,14 @@ pub fn node(db: &Database, dir: &Path, name: &str) -> Server {
     )
 }
 
-/// As [`node`], on `addr`.
-fn node_at(db: &Database, dir: &Path, name: &str, addr: std::net::SocketAddr) -> Server {
+/// As [`node`], on `addr` behind a [`Balancer`]: on SIGTERM it drains for three of the
+/// balancer's health checks before its port closes, as `scripts/cluster-demo` runs it.
+fn balanced_node(db: &Database, dir: &Path, name: &str, addr: std::net::SocketAddr) -> Server {
     let store = std::ffi::OsString::from(&db.url);
-    let envs = [("TOOLHOST_STORE", store.as_os_str())];
+    let envs = [
+        ("TOOLHOST_STORE", store.as_os_str()),
+        ("TOOLHOST_SHUTDOWN_DRAIN_MS", "600".as_ref()),
+    ];
     Server::start_at(addr, &dir.join(name), crate::plugins::artifact_dir(), &envs)
 }
 
@@ -99,10 +103,7 @@ pub struct Balancer {
 
 impl Balancer {
     pub fn start(dir: &Path, nodes: &[std::net::SocketAddr]) -> Balancer {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let addr = free_addr();
         let servers: String = nodes
             .iter()
             .enumerate()
@@ -309,6 +310,37 @@ fn a_killed_nodes_idempotent_calls_complete_elsewhere_and_the_others_end_node_lo
     b.stop();
 }
 
+/// Stopping with a drain, a node fails its health check at once but answers every request
+/// until the drain ends: a balancer stops sending before the port closes.
+#[test]
+fn a_draining_node_fails_its_health_check_and_still_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("node");
+    let key = tenant(&data, "acme", "{}", &["text_stats"]);
+    let drain = Duration::from_millis(1500);
+    let envs = [("TOOLHOST_SHUTDOWN_DRAIN_MS", "1500".as_ref())];
+    let mut server = Server::start(&data, crate::plugins::artifact_dir(), &envs);
+    let healthz = || http(server.addr, "GET", "/healthz", "", b"");
+    assert_eq!(healthz().0, 200);
+    server.terminate();
+    let signalled = Instant::now();
+    within(Duration::from_secs(1), "/healthz fails", || {
+        healthz().0 == 503
+    });
+    let (status, body) = healthz();
+    assert!(body.contains(r#""code":"draining""#), "{status} {body}");
+    let (status, body) = call_status(&server, &key, "text_stats", r#"{"text": "a b"}"#);
+    assert_eq!(status, 200, "still answered while draining: {body}");
+    let answered = signalled.elapsed();
+    assert!(answered < drain, "answered after the drain: {answered:?}");
+    assert!(server.wait_exit().success());
+    let stopped = signalled.elapsed();
+    assert!(
+        stopped >= drain,
+        "stopped before its drain ended: {stopped:?}"
+    );
+}
+
 #[test]
 fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
     use std::sync::Arc;
@@ -317,7 +349,10 @@ fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
     let dir = tempfile::tempdir().unwrap();
     let key = db.tenant(dir.path(), "acme", "{}", "admin");
     let names = ["a", "b", "c"];
-    let mut nodes: Vec<Server> = names.iter().map(|n| node(&db, dir.path(), n)).collect();
+    let mut nodes: Vec<Server> = names
+        .iter()
+        .map(|n| balanced_node(&db, dir.path(), n, free_addr()))
+        .collect();
     let component = std::fs::read(plugin_file("probe")).unwrap();
     let (status, body) = http(nodes[0].addr, "POST", "/v1/tools", &key, &component);
     assert!(status == 200 || status == 201, "{status} {body}");
@@ -366,7 +401,7 @@ fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
         let addr = nodes[i].addr;
         // SIGTERM, as an operator rolls a node; the new one comes up where the old one was.
         nodes.remove(i).stop();
-        nodes.insert(i, node_at(&db, dir.path(), &format!("{name}2"), addr));
+        nodes.insert(i, balanced_node(&db, dir.path(), &format!("{name}2"), addr));
         std::thread::sleep(Duration::from_millis(500));
     }
     stop.store(true, Ordering::Relaxed);
@@ -444,11 +479,7 @@ impl PrivateServer {
             .prefix("pg")
             .tempdir_in("/tmp")
             .unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_addr().port();
         let out = self::postgres(&["start", dir.path().to_str().unwrap(), &port.to_string()]);
         PrivateServer {
             url: String::from_utf8(out).unwrap().trim().to_owned(),

@@ -99,6 +99,12 @@ pub fn try_http(
     Ok((status, body))
 }
 
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_addr() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
 /// `toolhost serve` on `data`, its compiled artifacts in `artifacts`, on a free port.
 pub struct Server {
     pub child: std::process::Child,
@@ -118,11 +124,7 @@ impl Server {
         artifacts: &Path,
         envs: &[(&str, &std::ffi::OsStr)],
     ) -> Result<Server, String> {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        Self::launch(prefix, addr, data, artifacts, envs)
+        Self::launch(prefix, free_addr(), data, artifacts, envs)
     }
 
     /// As [`Server::start`], on `addr` (a node restarted where its balancer expects it).
@@ -177,18 +179,31 @@ impl Server {
 
     /// Stops it with SIGTERM, as an operator would; it must be gone within 15 s.
     pub fn stop(mut self) {
-        let stopping = Instant::now();
+        self.terminate();
+        self.wait_exit();
+    }
+
+    /// Sends SIGTERM and returns at once.
+    pub fn terminate(&self) {
         rustix::process::kill_process(
             rustix::process::Pid::from_child(&self.child),
             rustix::process::Signal::TERM,
         )
         .unwrap();
-        while self.child.try_wait().unwrap().is_none() {
+    }
+
+    /// Waits for it to exit after [`Server::terminate`], 15 s at most.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let stopping = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
             if stopping.elapsed() > Duration::from_secs(15) {
                 self.child.kill().unwrap();
                 panic!("serve did not stop within 15 s of SIGTERM");
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }

@@ -122,6 +122,11 @@ enum Command {
         /// Seconds after which an MCP session with no request is closed.
         #[arg(long, default_value_t = SessionLimits::default().idle.as_secs())]
         mcp_session_idle_secs: u64,
+        /// On SIGTERM, keep serving this long while /healthz answers 503, so a load
+        /// balancer stops sending here before the port closes: longer than its health check
+        /// interval. 0: close at once.
+        #[arg(long, default_value_t = 0, env = "TOOLHOST_SHUTDOWN_DRAIN_MS")]
+        shutdown_drain_ms: u64,
         #[command(flatten)]
         disclosure: DisclosureArgs,
     },
@@ -563,6 +568,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             mcp_max_sessions,
             mcp_max_sessions_per_tenant,
             mcp_session_idle_secs,
+            shutdown_drain_ms,
             disclosure,
         } => {
             // The search model loads (or fails) before the port opens.
@@ -575,6 +581,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     idle: std::time::Duration::from_secs(mcp_session_idle_secs),
                 },
                 stdio_command,
+                drain: std::time::Duration::from_millis(shutdown_drain_ms),
                 ..Default::default()
             };
             let listener = tokio::net::TcpListener::bind(listen)
@@ -583,9 +590,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             eprintln!("toolhost listening on http://{listen} (console: /, API: /openapi.json)");
             let host = std::sync::Arc::new(host);
             let admin = serve_admin(&host, &data_dir);
+            let stopping = shutdown_signal(options.drain);
             let served =
-                toolhost_server::server::serve(host.clone(), listener, options, shutdown_signal())
-                    .await;
+                toolhost_server::server::serve(host.clone(), listener, options, stopping).await;
             // The durable calls this node runs end here, or are left to their leases.
             if !host.drain(DURABLE_GRACE).await {
                 eprintln!(
@@ -643,8 +650,8 @@ fn stop_admin(admin: tokio::task::JoinHandle<()>, data_dir: &std::path::Path) {
 /// How long a stopping server lets the durable calls it runs finish.
 const DURABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM; the server then drains for `drain`.
+async fn shutdown_signal(drain: std::time::Duration) {
     let interrupt = tokio::signal::ctrl_c();
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("installing the SIGTERM handler");
@@ -652,7 +659,12 @@ async fn shutdown_signal() {
         _ = interrupt => {}
         _ = terminate.recv() => {}
     }
-    eprintln!("toolhost: shutting down after running requests finish");
+    match drain.is_zero() {
+        true => eprintln!("toolhost: shutting down after running requests finish"),
+        false => eprintln!(
+            "toolhost: draining for {drain:?} (/healthz answers 503), then shutting down after running requests finish"
+        ),
+    }
 }
 
 fn pretty(value: &impl serde::Serialize) -> String {

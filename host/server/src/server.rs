@@ -7,6 +7,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{
@@ -54,6 +55,8 @@ struct App {
     allowed_origins: Arc<[String]>,
     mcp: Arc<Mcp>,
     stdio_command: Arc<[String]>,
+    /// Cancelled when the server starts to stop: `/healthz` answers 503 from then on.
+    draining: CancellationToken,
 }
 
 /// What `/mcp` serves each tenant with: rmcp's Streamable HTTP service over that tenant's
@@ -108,25 +111,33 @@ pub struct ServerOptions {
     /// arguments before `--tenant` (the CLI gives its own path and store). Empty: the
     /// console offers only Streamable HTTP.
     pub stdio_command: Vec<String>,
+    /// After the shutdown signal, how long requests are still accepted while `/healthz`
+    /// answers 503, so that a load balancer stops sending before the listener closes. Zero:
+    /// the listener closes at once.
+    pub drain: Duration,
 }
 
 /// The API's routes over `host`, MCP included.
 pub fn router(host: Arc<Host>, options: ServerOptions) -> Router {
-    router_with_shutdown(host, options, CancellationToken::new())
+    router_with_shutdown(host, options, Stopping::default())
 }
 
-/// `stop` ends open MCP streams at shutdown.
-fn router_with_shutdown(
-    host: Arc<Host>,
-    options: ServerOptions,
-    stop: CancellationToken,
-) -> Router {
+/// What the router sees of the server stopping.
+#[derive(Default)]
+struct Stopping {
+    /// Cancelled when the drain begins: `/healthz` fails.
+    draining: CancellationToken,
+    /// Cancelled when the listener closes: open MCP streams end.
+    stopped: CancellationToken,
+}
+
+fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopping) -> Router {
     let max_upload = host.max_component_bytes() + MULTIPART_OVERHEAD;
     let shared_sessions = host.store().changes().is_some();
     let mcp = Mcp {
         disclosure: Arc::new(Disclosure::new(host.clone(), options.disclosure)),
         config: StreamableHttpServerConfig::default()
-            .with_cancellation_token(stop)
+            .with_cancellation_token(stopping.stopped)
             .with_max_request_body_bytes(MAX_REQUEST_BYTES)
             .with_json_response(true),
         sessions: match shared_sessions {
@@ -140,6 +151,7 @@ fn router_with_shutdown(
         allowed_origins: options.allowed_origins.into(),
         mcp: Arc::new(mcp),
         stdio_command: options.stdio_command.into(),
+        draining: stopping.draining,
     };
     Router::new()
         .route("/mcp", any(mcp_request))
@@ -475,11 +487,23 @@ pub async fn serve(
     options: ServerOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let stop = CancellationToken::new();
-    let limits = options.connections;
-    let app = router_with_shutdown(host, options, stop.clone());
+    let stopping = Stopping::default();
+    let (draining, stopped) = (stopping.draining.clone(), stopping.stopped.clone());
+    let (limits, drain) = (options.connections, options.drain);
+    let app = router_with_shutdown(host, options, stopping);
+    let shutdown = async move {
+        shutdown.await;
+        if !drain.is_zero() {
+            draining.cancel();
+            tracing::info!(
+                ?drain,
+                "draining: /healthz fails, requests are still served"
+            );
+            tokio::time::sleep(drain).await;
+        }
+    };
     // Open MCP event streams never end on their own; requests in flight still finish.
-    serve_connections(listener, app, limits, shutdown, move || stop.cancel()).await
+    serve_connections(listener, app, limits, shutdown, move || stopped.cancel()).await
 }
 
 /// An error as the API returns it.
@@ -927,7 +951,7 @@ async fn durable_call(
     Query(query): Query<DurableQuery>,
 ) -> Result<Json<Value>, ApiError> {
     key.may(Access::Call)?;
-    let wait = std::time::Duration::from_secs(query.wait.unwrap_or(0).min(MAX_WAIT_SECONDS));
+    let wait = Duration::from_secs(query.wait.unwrap_or(0).min(MAX_WAIT_SECONDS));
     let status = app
         .host
         .durable_call(&key.0.tenant, &call_id, wait)
@@ -1186,9 +1210,13 @@ fn approval_error(error: ApprovalError) -> ApiError {
     }
 }
 
-/// Liveness for a load balancer: 200 `ok`, or 503 when the store cannot write (reads and
-/// calls that write nothing are still served).
+/// Health for a load balancer: 200 `ok`; 503 while the server drains before it stops, or
+/// when the store cannot write (reads and calls that write nothing are still served).
 async fn healthz(State(app): State<App>) -> Response {
+    if app.draining.is_cancelled() {
+        let message = "this server is stopping; send new requests elsewhere";
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "draining", message).into_response();
+    }
     match app.host.storage_health() {
         Ok(()) => "ok".into_response(),
         Err(reason) => ApiError::storage(&StoreError::Backend(reason)).into_response(),

@@ -62,6 +62,13 @@ impl TryFrom<UncheckedToolEntry> for ToolEntry {
             current: stored.current,
             versions: stored.versions,
         };
+        // `push` numbers the next version after the last: they must ascend, with room left.
+        let numbers = entry.versions.iter().map(|v| v.version);
+        if numbers.clone().zip(numbers.skip(1)).any(|(a, b)| a >= b)
+            || entry.versions.last().is_some_and(|v| v.version == u32::MAX)
+        {
+            return Err("versions out of order, or no number left for the next".into());
+        }
         match entry.version(entry.current) {
             Some(_) => Ok(entry),
             None => Err(format!(
@@ -784,6 +791,29 @@ mod tests {
         stored["current"] = json!(2);
         let error = serde_json::from_value::<ToolEntry>(stored).unwrap_err();
         assert!(error.to_string().contains("current version 2"), "{error}");
+    }
+
+    #[test]
+    fn an_entry_whose_versions_leave_no_next_number_does_not_read() {
+        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
+        let mut entry = ToolEntry {
+            tenant: "a".into(),
+            name: "t".into(),
+            current: 0,
+            versions: vec![],
+        };
+        entry.push(SourceKind::Wasm, spec.clone(), "sha1".into(), 10, 1);
+        entry.push(SourceKind::Wasm, spec, "sha2".into(), 10, 2);
+        let stored = serde_json::to_value(&entry).unwrap();
+        for versions in [[2, 1], [1, 1], [1, u32::MAX]] {
+            let mut tampered = stored.clone();
+            for (at, version) in versions.into_iter().enumerate() {
+                tampered["versions"][at]["version"] = json!(version);
+            }
+            tampered["current"] = json!(versions[1]);
+            let error = serde_json::from_value::<ToolEntry>(tampered).unwrap_err();
+            assert!(error.to_string().contains("out of order"), "{versions:?}");
+        }
     }
 
     #[test]
