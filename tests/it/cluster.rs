@@ -341,6 +341,21 @@ fn a_draining_node_fails_its_health_check_and_still_answers() {
     );
 }
 
+/// A second SIGTERM stops a draining node at once, as a second Ctrl-C does.
+#[test]
+fn a_second_signal_stops_a_draining_node_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let envs = [("TOOLHOST_SHUTDOWN_DRAIN_MS", "60000".as_ref())];
+    let data = dir.path().join("node");
+    let mut server = Server::start(&data, crate::plugins::artifact_dir(), &envs);
+    server.terminate();
+    within(Duration::from_secs(1), "draining", || {
+        http(server.addr, "GET", "/healthz", "", b"").0 == 503
+    });
+    server.terminate();
+    assert_eq!(server.wait_exit().code(), Some(143), "128 + SIGTERM");
+}
+
 #[test]
 fn a_rolling_restart_of_every_node_under_steady_load_loses_no_call() {
     use std::sync::Arc;

@@ -105,7 +105,8 @@ enum Command {
         #[arg(long)]
         to: Option<u32>,
     },
-    /// Serve the HTTP API until SIGINT or SIGTERM; running requests finish first.
+    /// Serve the HTTP API until SIGINT or SIGTERM; running requests finish first (a second
+    /// signal stops at once).
     Serve {
         #[arg(long, default_value = "127.0.0.1:8080", env = "TOOLHOST_LISTEN")]
         listen: std::net::SocketAddr,
@@ -650,21 +651,33 @@ fn stop_admin(admin: tokio::task::JoinHandle<()>, data_dir: &std::path::Path) {
 /// How long a stopping server lets the durable calls it runs finish.
 const DURABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Resolves on SIGINT or SIGTERM; the server then drains for `drain`.
+/// Resolves on SIGINT or SIGTERM; the server then drains for `drain` and lets running requests
+/// and durable calls finish. A second signal stops the process at once.
 async fn shutdown_signal(drain: std::time::Duration) {
-    let interrupt = tokio::signal::ctrl_c();
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = interrupt => {}
-        _ = terminate.recv() => {}
-    }
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    let mut terminate = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    // The exit status of a process a signal ended: 128 + its number.
+    let mut next = async move || {
+        tokio::select! {
+            _ = interrupt.recv() => 130,
+            _ = terminate.recv() => 143,
+        }
+    };
+    next().await;
     match drain.is_zero() {
         true => eprintln!("toolhost: shutting down after running requests finish"),
         false => eprintln!(
             "toolhost: draining for {drain:?} (/healthz answers 503), then shutting down after running requests finish"
         ),
     }
+    tokio::spawn(async move {
+        let status = next().await;
+        eprintln!(
+            "toolhost: stopping now; running requests are cut off and durable calls left to their leases"
+        );
+        std::process::exit(status);
+    });
 }
 
 fn pretty(value: &impl serde::Serialize) -> String {
