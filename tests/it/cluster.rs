@@ -322,6 +322,7 @@ fn a_draining_node_fails_its_health_check_and_still_answers() {
     let mut server = Server::start(&data, crate::plugins::artifact_dir(), &envs);
     let healthz = || http(server.addr, "GET", "/healthz", "", b"");
     assert_eq!(healthz().0, 200);
+    let kept_alive = std::net::TcpStream::connect(server.addr).unwrap();
     server.terminate();
     let signalled = Instant::now();
     within(Duration::from_secs(1), "/healthz fails", || {
@@ -331,6 +332,9 @@ fn a_draining_node_fails_its_health_check_and_still_answers() {
     assert!(body.contains(r#""code":"draining""#), "{status} {body}");
     let (status, body) = call_status(&server, &key, "text_stats", r#"{"text": "a b"}"#);
     assert_eq!(status, 200, "still answered while draining: {body}");
+    // A connection kept alive from before is answered, then closed.
+    let answer = last_answer_on(kept_alive, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(answer.contains("connection: close"), "{answer}");
     let answered = signalled.elapsed();
     assert!(answered < drain, "answered after the drain: {answered:?}");
     assert!(server.wait_exit().success());
@@ -339,6 +343,20 @@ fn a_draining_node_fails_its_health_check_and_still_answers() {
         stopped >= drain,
         "stopped before its drain ended: {stopped:?}"
     );
+}
+
+/// Sends `request` on `stream` and reads until the server closes it (2 s at most).
+fn last_answer_on(mut stream: std::net::TcpStream, request: &str) -> String {
+    use std::io::{Read, Write};
+    stream.write_all(request.as_bytes()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .expect("the server closes the connection after its answer");
+    answer
 }
 
 /// A second SIGTERM stops a draining node at once, as a second Ctrl-C does.

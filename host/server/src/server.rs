@@ -191,7 +191,24 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
         )
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(axum::middleware::map_response(errors_in_one_shape))
+        .layer(axum::middleware::map_response_with_state(
+            app.draining.clone(),
+            close_while_draining,
+        ))
         .with_state(app)
+}
+
+/// While the server drains, every response closes its connection: a client or balancer that
+/// keeps connections alive opens its next one where the port is not about to close.
+async fn close_while_draining(
+    State(draining): State<CancellationToken>,
+    mut response: Response,
+) -> Response {
+    if draining.is_cancelled() {
+        let close = header::HeaderValue::from_static("close");
+        response.headers_mut().insert(header::CONNECTION, close);
+    }
+    response
 }
 
 /// Every error in the one shape, also those that axum's extractors and rmcp write as plain
