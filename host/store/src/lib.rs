@@ -314,7 +314,8 @@ pub trait Store: Send + Sync {
     /// many. Removes nothing while a tool record is unreadable: what it refers to is unknown.
     /// `unreadable` is the count the caller's [`Store::tool_entries`] just gave: a store only
     /// this process writes trusts it rather than parse every record again; one that other
-    /// nodes write reads its records again.
+    /// nodes write reads its records again, each only as far as the blobs it names (a record
+    /// that is no longer a valid entry but still names them keeps them).
     async fn collect_blobs(
         &self,
         unreadable: usize,

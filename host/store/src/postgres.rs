@@ -439,6 +439,17 @@ fn parse<T: serde::de::DeserializeOwned>(what: &str, key: &str, json: &str) -> R
     })
 }
 
+/// Of a tool record, the blobs its versions name: what collecting blobs needs, and no more.
+#[derive(serde::Deserialize)]
+struct BlobsNamed {
+    versions: Vec<BlobNamed>,
+}
+
+#[derive(serde::Deserialize)]
+struct BlobNamed {
+    component: String,
+}
+
 /// Every record that parses; an unreadable one is logged and left in place.
 fn readable<T: serde::de::DeserializeOwned>(
     what: &str,
@@ -585,21 +596,20 @@ impl Store for PgStore {
         _unreadable: usize,
         live: &(dyn for<'a> Fn(&'a str) -> bool + Sync),
     ) -> Result<usize> {
-        // Other nodes write the table: what it holds now counts, not what the caller read.
-        let records = self.tool_entries().await?;
-        if records.unreadable > 0 {
-            tracing::warn!(
-                unreadable = records.unreadable,
-                "tool records unreadable: no blob collected"
-            );
-            return Ok(0);
+        // Other nodes write the table: what it holds now counts, not what the caller read,
+        // and of each record only the blobs it names.
+        let records: Vec<String> = sqlx::query_scalar("SELECT entry FROM tools")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
+        let mut referenced = std::collections::HashSet::new();
+        for record in &records {
+            let Ok(blobs) = serde_json::from_str::<BlobsNamed>(record) else {
+                tracing::warn!("a tool record names no blobs that can be read: none collected");
+                return Ok(0);
+            };
+            referenced.extend(blobs.versions.into_iter().map(|v| v.component));
         }
-        // What another node installed since `live` was taken is referenced in the database.
-        let referenced: std::collections::HashSet<String> = records
-            .entries
-            .into_iter()
-            .flat_map(|entry| entry.versions.into_iter().map(|v| v.component))
-            .collect();
         // Another node may be between storing a blob and the entry that refers to it.
         let settled = now_ms().saturating_sub(BLOB_GRACE_MS);
         let shas: Vec<String> =

@@ -173,6 +173,47 @@ async fn postgres_collects_a_dead_blob_only_once_it_is_an_hour_old() {
     assert!(store.blob("young").await.unwrap().is_some());
 }
 
+/// A record that is not a tool entry any more still keeps the blobs it names; one that names
+/// none readably keeps them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_every_blob_a_record_may_name() {
+    let url = fresh_database().await;
+    let store = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
+    store
+        .put_tool_entries(&[entry("a", "t", "named")])
+        .await
+        .unwrap();
+    for sha in ["named", "dead"] {
+        store.put_blob(sha, b"1").await.unwrap();
+    }
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let two_hours_ago = (now_ms() - 2 * 3_600_000) as i64;
+    sqlx::query("UPDATE blobs SET created_at_ms = $1")
+        .bind(two_hours_ago)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let tamper = |entry: &'static str| {
+        sqlx::query("UPDATE tools SET entry = $1")
+            .bind(entry)
+            .execute(&pool)
+    };
+    tamper("not JSON").await.unwrap();
+    assert_eq!(store.collect_blobs(1, &|_| false).await.unwrap(), 0);
+    assert!(
+        store.blob("dead").await.unwrap().is_some(),
+        "none collected"
+    );
+    // Its current version is not among its versions: not an entry, but it names its blob.
+    tamper(r#"{"tenant": "a", "name": "t", "current": 9, "versions": [{"component": "named"}]}"#)
+        .await
+        .unwrap();
+    assert_eq!(store.tool_entries().await.unwrap().unreadable, 1);
+    assert_eq!(store.collect_blobs(1, &|_| false).await.unwrap(), 1);
+    assert_eq!(store.blob("dead").await.unwrap(), None);
+    assert!(store.blob("named").await.unwrap().is_some(), "still named");
+}
+
 async fn cached_results_expire(store: Arc<dyn Store>) {
     let quota = u64::MAX;
     let store = &store;
