@@ -61,6 +61,19 @@ async fn the_example_installs_and_answers_at_once() {
     ));
 }
 
+/// On a shared store a node on another runtime collects this host's runtime while no tool
+/// names it; the host puts it back from its own copy when it next needs it.
+#[tokio::test]
+async fn a_runtime_collected_from_the_store_is_put_back_when_needed() {
+    let host = host_in(None).await;
+    let runtime = toolhost::digest::sha256_hex(&crate::plugins::js_runtime());
+    assert_eq!(host.store().collect_blobs(0, &|_| false).await.unwrap(), 1);
+    assert_eq!(host.store().blob(&runtime).await.unwrap(), None);
+    host.install_js("acme", &example()).await.unwrap();
+    assert_counts_the_cat_and_the_hat(&host, "js_word_count").await;
+    assert!(host.store().blob(&runtime).await.unwrap().is_some());
+}
+
 /// A tool's `output_schema` holds for every answer: MCP lists it as `outputSchema`, and an
 /// answer that does not meet it is `invalid_output`, never passed on to the agent.
 #[tokio::test]

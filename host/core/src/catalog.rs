@@ -167,6 +167,11 @@ pub struct StoredCatalog {
 }
 
 impl StoredCatalog {
+    /// The sha256 of the JS runtime new JS tools are installed on, if the host has one.
+    pub fn js_runtime(&self) -> Option<&str> {
+        self.js_runtime.as_deref()
+    }
+
     /// Every tenant's tools as stored. A stored tool that no longer passes the rules is
     /// skipped, loudly, rather than refusing to start. The JS runtime new JS tools are
     /// installed on is stored once, like any component, and compiled on first use.

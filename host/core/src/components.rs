@@ -24,6 +24,9 @@ pub(crate) struct Components {
     /// Only artifacts sealed with this key are ever deserialized.
     seal: Arc<Seal>,
     metrics: Arc<Metrics>,
+    /// The JS runtime this host was started with, and its sha256: put back in the store when
+    /// missing (on a shared store, a node on another runtime collects it while no tool names it).
+    carried: Option<(String, Vec<u8>)>,
 }
 
 /// A component compiled and linked for install, not yet kept: its tools are checked first.
@@ -63,7 +66,16 @@ impl Components {
             artifact_dir,
             seal: Arc::new(seal),
             metrics,
+            carried: None,
         })
+    }
+
+    /// Carries `blob` (sha256, bytes) to put back in the store whenever it is missing there.
+    pub fn carrying(self, blob: Option<(String, Vec<u8>)>) -> Self {
+        Components {
+            carried: blob,
+            ..self
+        }
     }
 
     pub fn sandbox(&self) -> &Sandbox {
@@ -159,12 +171,10 @@ impl Components {
             return Ok(prepared);
         }
         self.metrics.component_loaded(ComponentSource::Compiled);
-        let blob = self
-            .store
-            .blob(sha)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("component {sha} is missing from the store"))?;
+        let blob = match self.store.blob(sha).await.map_err(|e| e.to_string())? {
+            Some(blob) => blob,
+            None => self.put_back(sha).await?,
+        };
         let (_, artifact) = self
             .compile_blob(sha, blob)
             .await
@@ -177,6 +187,22 @@ impl Components {
         }
         // SAFETY: compiled here just now.
         unsafe { self.sandbox.load(&artifact) }.map_err(|e| e.to_string())
+    }
+
+    /// The carried blob `sha`, put back in the store; any other missing blob is an error.
+    async fn put_back(&self, sha: &str) -> Result<Vec<u8>, String> {
+        let Some((_, blob)) = self.carried.as_ref().filter(|(carried, _)| carried == sha) else {
+            return Err(format!("component {sha} is missing from the store"));
+        };
+        tracing::warn!(
+            sha,
+            "this host's JS runtime was missing from the store: put back"
+        );
+        self.store
+            .put_blob(sha, blob)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(blob.clone())
     }
 
     /// Cranelift, off the async workers, unless the artifact directory has it already.

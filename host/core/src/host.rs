@@ -88,13 +88,19 @@ impl Host {
             approvals,
         } = stored;
         let metrics = Arc::new(Metrics::default());
-        let components = Arc::new(Components::new(
+        // Put back in the store should a node on another runtime collect it.
+        let js_runtime = catalog
+            .js_runtime()
+            .map(str::to_owned)
+            .zip(config.js_runtime);
+        let components = Components::new(
             Arc::new(sandbox),
             store.clone(),
             config.max_loaded_components,
             (config.artifact_dir.as_deref(), config.data_dir.as_deref()),
             metrics.clone(),
-        )?);
+        )?;
+        let components = Arc::new(components.carrying(js_runtime));
         let catalog = Arc::new(Catalog::new(catalog, components.clone()));
         let tenants = Arc::new(Tenants::new(store.clone(), config.default_policy));
         let files_dir = config
