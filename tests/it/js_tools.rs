@@ -243,17 +243,30 @@ async fn js_tools_survive_a_restart_and_keep_their_runtime() {
         let host = host_in(Some(dir.path().to_owned())).await;
         host.install_js("acme", &example()).await.unwrap();
     }
-    // Opened without a runtime: installed tools still run on the one they were installed on.
-    let host = Host::open(HostConfig {
-        data_dir: Some(dir.path().to_owned()),
-        ..crate::plugins::config()
-    })
-    .await
-    .unwrap();
+    // Opened without a runtime: installed tools still run on the one they were installed on,
+    // which their version names.
+    let without_runtime = || {
+        Host::open(HostConfig {
+            data_dir: Some(dir.path().to_owned()),
+            ..crate::plugins::config()
+        })
+    };
+    let host = without_runtime().await.unwrap();
     let out = call(&host, "js_word_count", json!({"text": "a b a"})).await;
     assert_eq!(out.result.unwrap()["words"], 3);
     let refused = host.install_js("acme", &example()).await.unwrap_err();
     assert!(matches!(refused, InstallError::NoJsRuntime));
+    drop(host);
+    // A version from before versions named their runtime: its source names it.
+    crate::store::tamper_tool_record(dir.path(), "acme", "js_word_count", |entry| {
+        let version = entry["versions"][0].as_object_mut().unwrap();
+        version
+            .remove("runtime")
+            .expect("the version names its runtime");
+    });
+    let host = without_runtime().await.unwrap();
+    let out = call(&host, "js_word_count", json!({"text": "a b a"})).await;
+    assert_eq!(out.result.unwrap()["words"], 3);
 }
 
 // ---- the other path: a component built by the JS SDK ----

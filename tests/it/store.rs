@@ -497,7 +497,7 @@ fn tamper(
 }
 
 /// Commits what `edit` does to the JSON of `tenant`'s record of `tool` in the closed store.
-fn tamper_tool_record(
+pub fn tamper_tool_record(
     dir: &std::path::Path,
     tenant: &str,
     tool: &str,

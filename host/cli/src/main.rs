@@ -124,8 +124,8 @@ enum Command {
         #[arg(long, default_value_t = SessionLimits::default().idle.as_secs())]
         mcp_session_idle_secs: u64,
         /// On SIGTERM, keep serving this long while /healthz answers 503, so a load
-        /// balancer stops sending here before the port closes: longer than its health check
-        /// interval. 0: close at once.
+        /// balancer stops sending here before the port closes: longer than it takes to drop
+        /// a node (check interval × failures). 0: close at once.
         #[arg(long, default_value_t = 0, env = "TOOLHOST_SHUTDOWN_DRAIN_MS")]
         shutdown_drain_ms: u64,
         #[command(flatten)]

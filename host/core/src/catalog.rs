@@ -41,7 +41,10 @@ async fn collect_blobs(
 ) -> Result<(), StoreError> {
     let mut live: HashSet<String> = js_runtime.map(str::to_owned).into_iter().collect();
     for version in records.entries.iter().flat_map(|entry| &entry.versions) {
-        if version.kind == SourceKind::Js
+        if let Some(runtime) = &version.runtime {
+            live.insert(runtime.clone());
+        } else if version.kind == SourceKind::Js
+            // A record from before versions named their runtime: its source blob names it.
             && let Some(blob) = store.blob(&version.component).await?
             && let Ok(js) = serde_json::from_slice::<JsSource>(&blob)
         {
@@ -251,7 +254,7 @@ impl Catalog {
         let _cluster = self.store.lock_entries(tenant).await?;
         let blob = (component.sha.as_str(), component.bytes.len() as u64);
         let changed = self
-            .plan_versions(tenant, SourceKind::Wasm, &specs, blob, code_quota)
+            .plan_versions(tenant, (SourceKind::Wasm, None), &specs, blob, code_quota)
             .await?;
         self.components.keep(component).await?;
         self.commit_versions(tenant, changed).await?;
@@ -268,7 +271,7 @@ impl Catalog {
         let spec = def.validate()?;
         self.check_name(tenant, &spec, &[])?;
         let request = serde_json::to_vec(&def.request).expect("a request definition serializes");
-        self.add_blob_version(tenant, SourceKind::Http, spec, &request, code_quota)
+        self.add_blob_version(tenant, (SourceKind::Http, None), spec, &request, code_quota)
             .await
     }
 
@@ -303,19 +306,21 @@ impl Catalog {
         spec.validate()?;
         self.check_name(tenant, &spec, &[])?;
         let stored = JsSource {
-            runtime,
+            runtime: runtime.clone(),
             source: source.to_owned(),
         };
         let blob = serde_json::to_vec(&stored).expect("a JS source serializes");
-        self.add_blob_version(tenant, SourceKind::Js, spec, &blob, code_quota)
+        let kind = (SourceKind::Js, Some(runtime));
+        self.add_blob_version(tenant, kind, spec, &blob, code_quota)
             .await
     }
 
-    /// Stores `blob` and makes it the new version of `spec`'s tool.
+    /// Stores `blob` and makes it the new version of `spec`'s tool, of `kind` (and, for JS,
+    /// on its runtime).
     async fn add_blob_version(
         &self,
         tenant: &str,
-        kind: SourceKind,
+        kind: (SourceKind, Option<String>),
         spec: ToolSpec,
         blob: &[u8],
         code_quota: u64,
@@ -332,13 +337,13 @@ impl Catalog {
         Ok(spec)
     }
 
-    /// The entries of `specs`' tools, each with a new version implemented by `blob` (sha256,
-    /// bytes), unless the tenant's kept versions would then hold more than `code_quota`
+    /// The entries of `specs`' tools, each with a new version of `kind` (and runtime)
+    /// implemented by `blob` (sha256, bytes), unless the tenant's kept versions would then hold more than `code_quota`
     /// bytes of code. The caller holds the entry lock; nothing is stored yet.
     async fn plan_versions(
         &self,
         tenant: &str,
-        kind: SourceKind,
+        kind: (SourceKind, Option<String>),
         specs: &[ToolSpec],
         (sha, bytes): (&str, u64),
         code_quota: u64,
@@ -357,7 +362,13 @@ impl Catalog {
                     versions: Vec::new(),
                 },
             };
-            entry.push(kind, spec.clone(), sha.to_owned(), bytes, installed_at_ms);
+            entry.push(
+                kind.clone(),
+                spec.clone(),
+                sha.to_owned(),
+                bytes,
+                installed_at_ms,
+            );
             changed.push(entry);
         }
         let used = code_bytes(entries.iter().chain(&changed));

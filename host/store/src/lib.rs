@@ -113,6 +113,11 @@ pub struct ToolVersion {
     /// sha256 (hex) of the blob that implements it: the component, the HTTP request
     /// definition (JSON), or the JS source and the runtime it runs on (JSON).
     pub component: String,
+    /// sha256 (hex) of the JS runtime a JS version runs on, which its source blob also names:
+    /// kept here so that collecting blobs need not read that blob (absent in records written
+    /// before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
     /// That blob's size in bytes, charged to the tenant's code quota (0 in records written
     /// before sizes were kept).
     #[serde(default)]
@@ -158,10 +163,11 @@ impl ToolEntry {
         self.versions.iter().find(|v| v.version == version)
     }
 
-    /// Adds `spec` as the next version and makes it current.
+    /// Adds `spec` as the next version and makes it current: implemented by the blob
+    /// `component` of `bytes` bytes, on the JS runtime `runtime` for a JS version.
     pub fn push(
         &mut self,
-        kind: SourceKind,
+        (kind, runtime): (SourceKind, Option<String>),
         spec: ToolSpec,
         component: String,
         bytes: u64,
@@ -173,6 +179,7 @@ impl ToolEntry {
             kind,
             spec,
             component,
+            runtime,
             bytes,
             installed_at_ms,
         });
@@ -783,7 +790,7 @@ mod tests {
             versions: vec![],
         };
         let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
-        entry.push(SourceKind::Wasm, spec, "sha".into(), 10, 1);
+        entry.push((SourceKind::Wasm, None), spec, "sha".into(), 10, 1);
         let mut stored = serde_json::to_value(&entry).unwrap();
         assert_eq!(
             serde_json::from_value::<ToolEntry>(stored.clone()).unwrap(),
@@ -803,8 +810,8 @@ mod tests {
             current: 0,
             versions: vec![],
         };
-        entry.push(SourceKind::Wasm, spec.clone(), "sha1".into(), 10, 1);
-        entry.push(SourceKind::Wasm, spec, "sha2".into(), 10, 2);
+        entry.push((SourceKind::Wasm, None), spec.clone(), "sha1".into(), 10, 1);
+        entry.push((SourceKind::Wasm, None), spec, "sha2".into(), 10, 2);
         let stored = serde_json::to_value(&entry).unwrap();
         for versions in [[2, 1], [1, 1], [1, u32::MAX]] {
             let mut tampered = stored.clone();
@@ -828,7 +835,7 @@ mod tests {
         };
         for i in 0..MAX_VERSIONS_KEPT + 5 {
             entry.push(
-                SourceKind::Wasm,
+                (SourceKind::Wasm, None),
                 spec.clone(),
                 format!("sha{i}"),
                 10,

@@ -448,6 +448,7 @@ struct BlobsNamed {
 #[derive(serde::Deserialize)]
 struct BlobNamed {
     component: String,
+    runtime: Option<String>,
 }
 
 /// Every record that parses; an unreadable one is logged and left in place.
@@ -608,7 +609,8 @@ impl Store for PgStore {
                 tracing::warn!("a tool record names no blobs that can be read: none collected");
                 return Ok(0);
             };
-            referenced.extend(blobs.versions.into_iter().map(|v| v.component));
+            let named = blobs.versions.into_iter();
+            referenced.extend(named.flat_map(|v| std::iter::once(v.component).chain(v.runtime)));
         }
         // Another node may be between storing a blob and the entry that refers to it.
         let settled = now_ms().saturating_sub(BLOB_GRACE_MS);

@@ -1466,7 +1466,7 @@ mod tests {
             current: 0,
             versions: vec![],
         };
-        entry.push(SourceKind::Wasm, spec, "sha".into(), 10, 1);
+        entry.push((SourceKind::Wasm, None), spec, "sha".into(), 10, 1);
         store.put_tool_entries(&[entry.clone()]).unwrap();
         let broken = key(&["a", "broken"]);
         store

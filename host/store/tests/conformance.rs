@@ -93,7 +93,7 @@ fn entry(tenant: &str, name: &str, sha: &str) -> ToolEntry {
         versions: vec![],
     };
     let spec = ToolSpec::new(name, "d", json!({"type": "object"}));
-    entry.push(SourceKind::Wasm, spec, sha.into(), 10, 1);
+    entry.push((SourceKind::Wasm, None), spec, sha.into(), 10, 1);
     entry
 }
 
@@ -107,7 +107,7 @@ async fn tool_entries_are_kept_by_tenant(store: Arc<dyn Store>) {
     assert_eq!(store.tool_entries().await.unwrap().entries.len(), 2);
     let mut newer = a.clone();
     newer.push(
-        SourceKind::Js,
+        (SourceKind::Js, Some("runtime".into())),
         a.current().spec.clone(),
         "sha3".into(),
         5,
@@ -173,17 +173,26 @@ async fn postgres_collects_a_dead_blob_only_once_it_is_an_hour_old() {
     assert!(store.blob("young").await.unwrap().is_some());
 }
 
-/// A record that is not a tool entry any more still keeps the blobs it names; one that names
-/// none readably keeps them all.
+/// A record keeps the blobs it names, its JS runtime among them, also once it is not a tool
+/// entry any more; one that names none readably keeps them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_keeps_every_blob_a_record_may_name() {
     let url = fresh_database().await;
     let store = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
+    let mut js = entry("a", "js", "wasm");
+    let spec = js.current().spec.clone();
+    js.push(
+        (SourceKind::Js, Some("runtime".into())),
+        spec,
+        "source".into(),
+        5,
+        2,
+    );
     store
-        .put_tool_entries(&[entry("a", "t", "named")])
+        .put_tool_entries(&[entry("a", "t", "named"), js])
         .await
         .unwrap();
-    for sha in ["named", "dead"] {
+    for sha in ["named", "dead", "source", "runtime"] {
         store.put_blob(sha, b"1").await.unwrap();
     }
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
@@ -194,7 +203,7 @@ async fn postgres_keeps_every_blob_a_record_may_name() {
         .await
         .unwrap();
     let tamper = |entry: &'static str| {
-        sqlx::query("UPDATE tools SET entry = $1")
+        sqlx::query("UPDATE tools SET entry = $1 WHERE name = 't'")
             .bind(entry)
             .execute(&pool)
     };
@@ -211,7 +220,9 @@ async fn postgres_keeps_every_blob_a_record_may_name() {
     assert_eq!(store.tool_entries().await.unwrap().unreadable, 1);
     assert_eq!(store.collect_blobs(1, &|_| false).await.unwrap(), 1);
     assert_eq!(store.blob("dead").await.unwrap(), None);
-    assert!(store.blob("named").await.unwrap().is_some(), "still named");
+    for named in ["named", "source", "runtime"] {
+        assert!(store.blob(named).await.unwrap().is_some(), "{named}");
+    }
 }
 
 async fn cached_results_expire(store: Arc<dyn Store>) {
