@@ -753,6 +753,22 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Tool `t` of tenant `a`, with a Wasm version for each of `shas`, oldest first.
+    pub(crate) fn wasm_entry(shas: impl IntoIterator<Item = impl ToString>) -> ToolEntry {
+        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
+        let mut entry = ToolEntry {
+            tenant: "a".into(),
+            name: "t".into(),
+            current: 0,
+            versions: vec![],
+        };
+        for (at, sha) in (1..).zip(shas) {
+            let kind = (SourceKind::Wasm, None);
+            entry.push(kind, spec.clone(), sha.to_string(), 10, at);
+        }
+        entry
+    }
+
     #[test]
     fn a_clock_jump_neither_expires_a_cached_result_early_nor_keeps_it_forever() {
         let (t, minute, hour) = (1_900_000_000_000_u64, 60_000, 3_600_000);
@@ -783,14 +799,7 @@ mod tests {
 
     #[test]
     fn an_entry_whose_current_version_is_not_kept_does_not_read() {
-        let mut entry = ToolEntry {
-            tenant: "a".into(),
-            name: "t".into(),
-            current: 0,
-            versions: vec![],
-        };
-        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
-        entry.push((SourceKind::Wasm, None), spec, "sha".into(), 10, 1);
+        let entry = wasm_entry(["sha"]);
         let mut stored = serde_json::to_value(&entry).unwrap();
         assert_eq!(
             serde_json::from_value::<ToolEntry>(stored.clone()).unwrap(),
@@ -803,16 +812,7 @@ mod tests {
 
     #[test]
     fn an_entry_whose_versions_leave_no_next_number_does_not_read() {
-        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
-        let mut entry = ToolEntry {
-            tenant: "a".into(),
-            name: "t".into(),
-            current: 0,
-            versions: vec![],
-        };
-        entry.push((SourceKind::Wasm, None), spec.clone(), "sha1".into(), 10, 1);
-        entry.push((SourceKind::Wasm, None), spec, "sha2".into(), 10, 2);
-        let stored = serde_json::to_value(&entry).unwrap();
+        let stored = serde_json::to_value(wasm_entry(["sha1", "sha2"])).unwrap();
         for versions in [[2, 1], [1, 1], [1, u32::MAX]] {
             let mut tampered = stored.clone();
             for (at, version) in versions.into_iter().enumerate() {
@@ -826,22 +826,7 @@ mod tests {
 
     #[test]
     fn versions_are_numbered_and_bounded() {
-        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
-        let mut entry = ToolEntry {
-            tenant: "a".into(),
-            name: "t".into(),
-            current: 0,
-            versions: vec![],
-        };
-        for i in 0..MAX_VERSIONS_KEPT + 5 {
-            entry.push(
-                (SourceKind::Wasm, None),
-                spec.clone(),
-                format!("sha{i}"),
-                10,
-                i as u64,
-            );
-        }
+        let entry = wasm_entry((0..MAX_VERSIONS_KEPT + 5).map(|i| format!("sha{i}")));
         assert_eq!(entry.versions.len(), MAX_VERSIONS_KEPT);
         assert_eq!(entry.current, (MAX_VERSIONS_KEPT + 5) as u32);
         assert_eq!(

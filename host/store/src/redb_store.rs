@@ -1340,11 +1340,7 @@ impl Store for RedbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
     use tempfile::TempDir;
-    use toolhost_spec::spec::ToolSpec;
-
-    use crate::SourceKind;
 
     #[test]
     fn the_data_directory_is_the_owners_alone() {
@@ -1459,15 +1455,10 @@ mod tests {
     #[test]
     fn an_unreadable_tool_record_is_skipped_not_fatal() {
         let store = RedbFile::temporary().unwrap();
-        let spec = ToolSpec::new("t", "d", json!({"type": "object"}));
-        let mut entry = ToolEntry {
-            tenant: "a".into(),
-            name: "t".into(),
-            current: 0,
-            versions: vec![],
-        };
-        entry.push((SourceKind::Wasm, None), spec, "sha".into(), 10, 1);
-        store.put_tool_entries(&[entry.clone()]).unwrap();
+        let entry = crate::tests::wasm_entry(["sha"]);
+        store
+            .put_tool_entries(std::slice::from_ref(&entry))
+            .unwrap();
         let broken = key(&["a", "broken"]);
         store
             .put(TOOLS, &broken, b"{not an entry", Commit::Durable)

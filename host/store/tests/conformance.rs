@@ -154,6 +154,19 @@ async fn redb_collects_a_dead_blob_at_once() {
     assert_eq!(store.blob("dead").await.unwrap(), None);
 }
 
+/// Makes the blobs that `condition` (SQL) selects two hours old: past the grace in which
+/// another node may still be installing them.
+async fn settle_blobs(pool: &sqlx::PgPool, condition: &str) {
+    let two_hours_ago = (now_ms() - 2 * 3_600_000) as i64;
+    sqlx::query(&format!(
+        "UPDATE blobs SET created_at_ms = $1 WHERE {condition}"
+    ))
+    .bind(two_hours_ago)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// Another node may have stored a blob and not yet the entry that refers to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_collects_a_dead_blob_only_once_it_is_an_hour_old() {
@@ -162,12 +175,7 @@ async fn postgres_collects_a_dead_blob_only_once_it_is_an_hour_old() {
     store.put_blob("dead", b"2").await.unwrap();
     store.put_blob("young", b"3").await.unwrap();
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    let two_hours_ago = (now_ms() - 2 * 3_600_000) as i64;
-    sqlx::query("UPDATE blobs SET created_at_ms = $1 WHERE sha = 'dead'")
-        .bind(two_hours_ago)
-        .execute(&pool)
-        .await
-        .unwrap();
+    settle_blobs(&pool, "sha = 'dead'").await;
     assert_eq!(store.collect_blobs(0, &|_| false).await.unwrap(), 1);
     assert_eq!(store.blob("dead").await.unwrap(), None);
     assert!(store.blob("young").await.unwrap().is_some());
@@ -196,12 +204,7 @@ async fn postgres_keeps_every_blob_a_record_may_name() {
         store.put_blob(sha, b"1").await.unwrap();
     }
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    let two_hours_ago = (now_ms() - 2 * 3_600_000) as i64;
-    sqlx::query("UPDATE blobs SET created_at_ms = $1")
-        .bind(two_hours_ago)
-        .execute(&pool)
-        .await
-        .unwrap();
+    settle_blobs(&pool, "true").await;
     let tamper = |entry: &'static str| {
         sqlx::query("UPDATE tools SET entry = $1 WHERE name = 't'")
             .bind(entry)
