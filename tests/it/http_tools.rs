@@ -338,10 +338,7 @@ async fn retries_back_off_exponentially_and_honour_retry_after() {
 #[tokio::test]
 async fn connection_errors_are_retried_and_then_reported() {
     // A port with nothing listening.
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap()
-    };
+    let closed = crate::process::free_addr();
     let host = loopback_host().await;
     host.install_http(
         "acme",

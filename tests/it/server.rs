@@ -732,12 +732,7 @@ async fn the_cli_manages_tenants_keys_and_policies_while_the_server_runs() {
         let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         (out.status.code(), text(&out.stdout), text(&out.stderr))
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let addr = crate::process::free_addr();
     let mut server = Command::new(env!("CARGO_BIN_EXE_toolhost"))
         .env("TOOLHOST_ARTIFACT_DIR", crate::plugins::artifact_dir())
         .arg("--data-dir")
