@@ -360,6 +360,36 @@ fn last_answer_on(mut stream: std::net::TcpStream, request: &str) -> String {
     answer
 }
 
+/// A SIGTERM the moment the port opens is handled (the node stops cleanly), not fatal; and
+/// an idle node stops at once, not after its durable workers' first look (lease + 0.5 s).
+#[test]
+fn a_signal_as_soon_as_the_port_opens_stops_the_node_cleanly_and_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..5 {
+        let addr = free_addr();
+        let data = dir.path().join(format!("node{round}"));
+        let listen = addr.to_string();
+        let child = cli(&data, &["serve", "--listen", &listen])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Server { child, addr };
+        // Polled tightly, so the signal lands while the server is still being set up.
+        let started = Instant::now();
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(20), "serve listens");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let stopping = Instant::now();
+        server.stop();
+        let took = stopping.elapsed();
+        assert!(
+            took < Duration::from_secs(3),
+            "an idle node took {took:?} to stop"
+        );
+    }
+}
+
 /// A second SIGTERM stops a draining node at once, as a second Ctrl-C does.
 #[test]
 fn a_second_signal_stops_a_draining_node_at_once() {

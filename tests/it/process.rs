@@ -177,10 +177,16 @@ impl Server {
         Ok(Server { child, addr })
     }
 
-    /// Stops it with SIGTERM, as an operator would; it must be gone within 15 s.
+    /// Stops it with SIGTERM, as an operator would; it must be gone within 15 s, and exit by
+    /// itself with status 0: a signal handled, not one that killed it.
     pub fn stop(mut self) {
         self.terminate();
-        self.wait_exit();
+        let status = self.wait_exit();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "serve stops cleanly on SIGTERM: {status}"
+        );
     }
 
     /// Sends SIGTERM and returns at once.

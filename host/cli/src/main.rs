@@ -585,13 +585,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 drain: std::time::Duration::from_millis(shutdown_drain_ms),
                 ..Default::default()
             };
+            // Handlers first: a SIGTERM as soon as the port opens must drain, not kill.
+            let stopping = shutdown_signal(options.drain);
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|e| usage(format!("cannot listen on {listen}: {e}")))?;
             eprintln!("toolhost listening on http://{listen} (console: /, API: /openapi.json)");
             let host = std::sync::Arc::new(host);
             let admin = serve_admin(&host, &data_dir);
-            let stopping = shutdown_signal(options.drain);
             let served =
                 toolhost_server::server::serve(host.clone(), listener, options, stopping).await;
             // The durable calls this node runs end here, or are left to their leases.
@@ -651,9 +652,10 @@ fn stop_admin(admin: tokio::task::JoinHandle<()>, data_dir: &std::path::Path) {
 /// How long a stopping server lets the durable calls it runs finish.
 const DURABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Resolves on SIGINT or SIGTERM; the server then drains for `drain` and lets running requests
-/// and durable calls finish. A second signal stops the process at once.
-async fn shutdown_signal(drain: std::time::Duration) {
+/// Installs the SIGINT and SIGTERM handlers now; the future resolves on the first signal, and
+/// the server then drains for `drain` and lets running requests and durable calls finish. A
+/// second signal stops the process at once.
+fn shutdown_signal(drain: std::time::Duration) -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut interrupt = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
     let mut terminate = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
@@ -664,20 +666,22 @@ async fn shutdown_signal(drain: std::time::Duration) {
             _ = terminate.recv() => 143,
         }
     };
-    next().await;
-    match drain.is_zero() {
-        true => eprintln!("toolhost: shutting down after running requests finish"),
-        false => eprintln!(
-            "toolhost: draining for {drain:?} (/healthz answers 503), then shutting down after running requests finish"
-        ),
+    async move {
+        next().await;
+        match drain.is_zero() {
+            true => eprintln!("toolhost: shutting down after running requests finish"),
+            false => eprintln!(
+                "toolhost: draining for {drain:?} (/healthz answers 503), then shutting down after running requests finish"
+            ),
+        }
+        tokio::spawn(async move {
+            let status = next().await;
+            eprintln!(
+                "toolhost: stopping now; running requests are cut off and durable calls left to their leases"
+            );
+            std::process::exit(status);
+        });
     }
-    tokio::spawn(async move {
-        let status = next().await;
-        eprintln!(
-            "toolhost: stopping now; running requests are cut off and durable calls left to their leases"
-        );
-        std::process::exit(status);
-    });
 }
 
 fn pretty(value: &impl serde::Serialize) -> String {

@@ -136,13 +136,18 @@ pub(crate) fn start(pipeline: Arc<Pipeline>, config: DurableConfig) -> Workers {
         let shared = pipeline.store.changes().is_some();
         let (stopped, lease) = (stop.clone(), config.lease);
         tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(if shared { POLL } else { lease + POLL }).await;
-            while !stopped.is_cancelled() {
+            // Cancellable, or stopping an idle node would wait out the sleep.
+            let mut wait = if shared { POLL } else { lease + POLL };
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = stopped.cancelled() => return,
+                }
                 wake.notify_one();
                 if !shared {
                     return;
                 }
-                tokio::time::sleep(POLL).await;
+                wait = POLL;
             }
         }));
         let stopped = stop.clone();
@@ -196,7 +201,10 @@ async fn work(
             Err(error) => {
                 drop(pipeline);
                 tracing::warn!(%error, "cannot claim durable calls; trying again");
-                tokio::time::sleep(POLL * 2).await;
+                tokio::select! {
+                    () = tokio::time::sleep(POLL * 2) => {}
+                    () = stop.cancelled() => {}
+                }
             }
         }
     }
