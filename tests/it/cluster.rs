@@ -695,6 +695,10 @@ fn an_mcp_session_opened_on_one_node_goes_on_on_another() {
     let component = std::fs::read(plugin_file("text_stats")).unwrap();
     let (status, body) = http(a.addr, "POST", "/v1/tools", &admin, &component);
     assert!(status < 300, "{status} {body}");
+    // An install reaches the other nodes within a second, not at once.
+    within(Duration::from_secs(1), "installed on b", || {
+        http(b.addr, "GET", "/v1/tools/text_stats", &admin, b"").0 == 200
+    });
 
     let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
