@@ -5,8 +5,10 @@
 //! client sends one request after another: over stdio (`toolhost mcp`) a `ping` and a
 //! `tools/call` of `text_stats`; over Streamable HTTP (`toolhost serve`, one kept-alive
 //! connection, an initialized session) the same two, and the same call on the REST route, the
-//! peer an MCP call is held to. Printed: p50 and p99 of each, and call − ping per transport,
-//! for each placement of the client and the servers (one core, two cores, the scheduler's).
+//! peer an MCP call is held to. Printed: p50 and p99 of each, the server's context switches
+//! per request (its threads' hand-offs, which this VM's timings hide in noise), and call − ping
+//! per transport, for each placement of the client and the servers (one core, two cores, the
+//! scheduler's).
 //!
 //! With `TOOLHOST_BENCH_WASSETTE` (a `wassette` binary) and
 //! `TOOLHOST_BENCH_WASSETTE_COMPONENT` (the same logic as a WASI component), the same stdio
@@ -40,7 +42,10 @@ fn main() {
     let data = dir.path().join("data");
     let key = process::tenant(&data, "acme", "{}", &["text_stats"]);
     println!("{ROUNDS} requests one after another, after {WARMUP} warm-up, one client");
-    println!("{:<38} {:>9} {:>9}", "", "p50 µs", "p99 µs");
+    println!(
+        "{:<38} {:>9} {:>9} {:>9}",
+        "", "p50 µs", "p99 µs", "switches"
+    );
     // `cargo bench -p toolhost-cli --bench mcp -- stdio` (or `http`) times one transport.
     let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--"));
     let times = |transport: &str| only.as_deref().is_none_or(|only| only == transport);
@@ -134,14 +139,14 @@ fn stdio(dir: &std::path::Path, data: &std::path::Path, placement: &Placement) {
     row("  stdio    ping", &ping);
     row("  stdio    tools/call", &call);
     difference("  stdio    call − ping", &call, &ping);
-    if peer_call.is_empty() {
+    if peer_call.samples.is_empty() {
         println!("  stdio    Wassette: not measured (run peers/wassette/run)");
         return;
     }
     row("  stdio    Wassette ping (peer)", &peer_ping);
     row("  stdio    Wassette tools/call (peer)", &peer_call);
     difference("  stdio    Wassette call − ping", &peer_call, &peer_ping);
-    let ratio = p50(&peer_call) / p50(&call);
+    let ratio = p50(&peer_call.samples) / p50(&call.samples);
     println!(
         "{:<38} {ratio:>9.2}x",
         "  stdio    call, Wassette / toolhost"
@@ -155,7 +160,8 @@ fn http(data: &std::path::Path, key: &str, placement: &Placement) {
         .enable_all()
         .build()
         .unwrap();
-    let [ping, call, modern, rest] = runtime.block_on(http_rounds(server.addr, key));
+    let pid = server.child.id();
+    let [ping, call, modern, rest] = runtime.block_on(http_rounds(server.addr, pid, key));
     server.stop();
     row("  HTTP     ping", &ping);
     row("  HTTP     tools/call", &call);
@@ -191,20 +197,51 @@ fn wassette(dir: &std::path::Path) -> Option<Stdio> {
 
 /// `[ping, call]` of the first server then of the second (empty without one), in blocks of
 /// `BLOCK` pings then `BLOCK` calls, one server's blocks after the other's.
-fn stdio_rounds(servers: &mut [Stdio]) -> [Vec<Duration>; 4] {
-    let mut samples: [Vec<Duration>; 4] = Default::default();
+fn stdio_rounds(servers: &mut [Stdio]) -> [Timed; 4] {
+    let mut timed: [Timed; 4] = Default::default();
     for block in 0..(WARMUP + ROUNDS) / BLOCK {
-        for (server, times) in servers.iter_mut().zip(samples.chunks_mut(2)) {
-            for (request, times) in [Request::Ping, Request::Call].into_iter().zip(times) {
-                let timed = (0..BLOCK).map(|_| server.timed(&request));
+        for (server, timed) in servers.iter_mut().zip(timed.chunks_mut(2)) {
+            for (request, timed) in [Request::Ping, Request::Call].into_iter().zip(timed) {
+                let before = context_switches(server.child.id());
+                let samples = (0..BLOCK).map(|_| server.timed(&request));
                 match block >= WARMUP / BLOCK {
-                    true => times.extend(timed),
-                    false => timed.for_each(drop),
+                    true => {
+                        timed.samples.extend(samples);
+                        timed.switches +=
+                            context_switches(server.child.id()).saturating_sub(before);
+                    }
+                    false => samples.for_each(drop),
                 }
             }
         }
     }
-    samples
+    timed
+}
+
+/// One kind of request's round trips, and how often the server's threads were switched out
+/// while it answered them.
+#[derive(Default)]
+struct Timed {
+    samples: Vec<Duration>,
+    switches: u64,
+}
+
+/// Context switches of every thread of process `pid` so far. A thread that exits takes its
+/// count along, so a difference is taken with `saturating_sub`.
+fn context_switches(pid: u32) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let switches_of = |status: String| -> u64 {
+        let counts = status
+            .lines()
+            .filter(|line| line.contains("ctxt_switches:"));
+        counts
+            .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
+            .sum()
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
+        .map(switches_of)
+        .sum()
 }
 
 enum Request {
@@ -294,7 +331,7 @@ impl Stdio {
 
 /// `ping` and `tools/call` on one MCP session (2025-06-18), `tools/call` without a session
 /// (2026-07-28, answered as JSON), and the REST call, on one connection.
-async fn http_rounds(addr: SocketAddr, key: &str) -> [Vec<Duration>; 4] {
+async fn http_rounds(addr: SocketAddr, server: u32, key: &str) -> [Timed; 4] {
     let mut conn = client::connect(addr).await;
     let (status, headers, _) =
         client::post(&mut conn, "/mcp", key, &[], &client::initialize()).await;
@@ -304,17 +341,22 @@ async fn http_rounds(addr: SocketAddr, key: &str) -> [Vec<Duration>; 4] {
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     client::post(&mut conn, "/mcp", key, &session, &initialized.to_string()).await;
     let mut rounds = async |path: &str, head: &[(&str, &str)], body: String| {
-        let mut samples = Vec::new();
+        let mut timed = Timed::default();
+        let mut before = 0;
         for round in 0..WARMUP + ROUNDS {
+            if round == WARMUP {
+                before = context_switches(server);
+            }
             let start = Instant::now();
             let (status, _, answer) = client::post(&mut conn, path, key, head, &body).await;
             let elapsed = start.elapsed();
             assert!(status == 200 && !answer.contains("\"error\""), "{answer}");
             if round >= WARMUP {
-                samples.push(elapsed);
+                timed.samples.push(elapsed);
             }
         }
-        samples
+        timed.switches = context_switches(server).saturating_sub(before);
+        timed
     };
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string();
     let ping = rounds("/mcp", &session, ping).await;
@@ -351,15 +393,28 @@ fn p50(samples: &[Duration]) -> f64 {
     percentile(samples, 0.5)
 }
 
-/// The p50 of `a` less that of `b`.
-fn difference(name: &str, a: &[Duration], b: &[Duration]) {
-    println!("{name:<38} {:>9.1}", p50(a) - p50(b));
+/// The p50 of `a` less that of `b`, and the same of their switches per request.
+fn difference(name: &str, a: &Timed, b: &Timed) {
+    let (a_p50, b_p50) = (p50(&a.samples), p50(&b.samples));
+    let switches = a.per_request() - b.per_request();
+    println!(
+        "{name:<38} {:>9.1} {:>9} {switches:>9.2}",
+        a_p50 - b_p50,
+        ""
+    );
 }
 
-fn row(name: &str, samples: &[Duration]) {
+fn row(name: &str, timed: &Timed) {
     println!(
-        "{name:<38} {:>9.1} {:>9.1}",
-        p50(samples),
-        percentile(samples, 0.99)
+        "{name:<38} {:>9.1} {:>9.1} {:>9.2}",
+        p50(&timed.samples),
+        percentile(&timed.samples, 0.99),
+        timed.per_request()
     );
+}
+
+impl Timed {
+    fn per_request(&self) -> f64 {
+        self.switches as f64 / self.samples.len() as f64
+    }
 }
