@@ -226,6 +226,12 @@ struct Timed {
     switches: u64,
 }
 
+impl Timed {
+    fn per_request(&self) -> f64 {
+        self.switches as f64 / self.samples.len() as f64
+    }
+}
+
 /// Context switches of every thread of process `pid` so far. A thread that exits takes its
 /// count along, so a difference is taken with `saturating_sub`.
 fn context_switches(pid: u32) -> u64 {
@@ -411,10 +417,4 @@ fn row(name: &str, timed: &Timed) {
         percentile(&timed.samples, 0.99),
         timed.per_request()
     );
-}
-
-impl Timed {
-    fn per_request(&self) -> f64 {
-        self.switches as f64 / self.samples.len() as f64
-    }
 }
