@@ -671,7 +671,9 @@ fn kernel_has_pagemap_scan() -> bool {
 /// An instance whose memory grew past this is dropped on a blocking thread.
 const RELEASE_OFF_WORKER_BYTES: usize = 16 << 20;
 
-/// Everything that is set once per engine, in one place (after `wasmtime serve`).
+/// Everything that is set once per engine, in one place (after `wasmtime serve`). Left at
+/// wasmtime's defaults after measuring them (BENCHMARKS.md): lazy table init and copy-on-write
+/// memory images (each faster here), memory protection keys off (experimental in wasmtime 48).
 fn engine(config: &SandboxConfig) -> Result<Engine, wasmtime::Error> {
     let base = || {
         let mut c = Config::new();
