@@ -2,26 +2,32 @@
 //!
 //! Rows, measured side by side in one run on one thread:
 //! - `wasm   Host::call`: validate + fresh pooled instance + call + drop + parse + clip;
-//! - `wasm   sandbox only`: fresh instance + call + drop, the floor wasmtime sets;
+//! - `wasm   sandbox only`: fresh instance + call + drop, with toolhost's limits and pool;
+//! - `wasm   bare wasmtime (peer)`: the same tool on wasmtime as its docs set it up, with
+//!   nothing of toolhost's (`call/bare_wasmtime.rs`);
 //! - `wasm   sandbox only, reused` and `wasm   Host::call, reused`: the same, with the tool
 //!   opted into instance reuse (by the tenant's policy: one kept instance serves up to
 //!   100 000 calls);
-//! - `wasm   Host::call, 100 µs apart`: the same, the thread idle 100 µs before each call, as a
-//!   server is between one client's requests (what an idle core costs the next call);
+//! - `wasm   Host::call, 100 µs apart`: the same, the thread asleep 100 µs before each call, as
+//!   a server is between one client's requests (what an idle core costs the next call);
+//! - `wasm   Host::call, 100 µs spun`: the same wait spent spinning, so the core never idles;
 //! - `native Host::call`: the same tool logic as a native Rust tool, through the same pipeline;
 //! - `… no history`: the same on a host that keeps no call history (what the console's
 //!   recent calls and per-minute figures cost a call).
 //!
 //! Then the cost of a first call: compiling a component, versus loading its stored artifact
 //! after a restart; and calls per second on one and on two worker threads, through
-//! `Host::call` and through the sandbox alone.
+//! `Host::call`, through the sandbox alone and on bare wasmtime.
 
+#[path = "call/bare_wasmtime.rs"]
+mod bare_wasmtime;
 #[path = "../../../tests/it/plugins.rs"]
 #[allow(dead_code)] // not every user of the helpers needs all of them
 mod plugins;
 
 use std::time::{Duration, Instant};
 
+use bare_wasmtime::BareWasmtime;
 use serde_json::{Value, json};
 use toolhost::sandbox::{Entry, Prepared, Sandbox};
 use toolhost::{CallContext, Caller, Helpers, Host, HostConfig, Limits, SandboxConfig, ToolSpec};
@@ -51,19 +57,33 @@ struct Summary {
 }
 
 async fn measure<F: AsyncFnMut()>(f: F) -> Summary {
-    measure_apart(Duration::ZERO, f).await
+    measure_apart(Gap::Spin(Duration::ZERO), f).await
 }
 
-/// As `measure`, with the thread idle for `gap` before each timed call, as a server is between
-/// one client's requests.
-async fn measure_apart<F: AsyncFnMut()>(gap: Duration, mut f: F) -> Summary {
+/// What the thread does between two timed calls.
+#[derive(Clone, Copy)]
+enum Gap {
+    /// Sleeps, as a server between one client's requests: the CPU may go idle.
+    Sleep(Duration),
+    /// Spins, keeping the CPU busy: the same wait without the idle.
+    Spin(Duration),
+}
+
+/// As `measure`, with `gap` before each timed call.
+async fn measure_apart<F: AsyncFnMut()>(gap: Gap, mut f: F) -> Summary {
     for _ in 0..WARMUP {
         f().await;
     }
     let mut samples = Vec::with_capacity(CALLS);
     for _ in 0..CALLS {
-        if !gap.is_zero() {
-            std::thread::sleep(gap);
+        match gap {
+            Gap::Sleep(gap) => std::thread::sleep(gap),
+            Gap::Spin(gap) => {
+                let start = Instant::now();
+                while start.elapsed() < gap {
+                    std::hint::spin_loop();
+                }
+            }
         }
         let start = Instant::now();
         f().await;
@@ -108,6 +128,7 @@ fn main() {
             Via::Host { history: false },
         ),
         ("wasm   sandbox only", Via::Sandbox),
+        ("wasm   bare wasmtime (peer)", Via::Bare),
     ] {
         let one = throughput(&wasm, &args, 1, via);
         let two = throughput(&wasm, &args, 2, via);
@@ -119,7 +140,8 @@ const THROUGHPUT_CALLS: usize = 20_000;
 
 /// Calls per second of `text_stats` with `workers` tokio worker threads, each running a task
 /// that calls back to back: how the host scales with cores. The sandbox alone instantiates,
-/// calls and drops without the host's pipeline, to tell the pipeline's share from wasmtime's.
+/// calls and drops without the host's pipeline, to tell the pipeline's share from wasmtime's;
+/// bare wasmtime is the peer.
 fn throughput(wasm: &[u8], args: &Value, workers: usize, via: Via) -> f64 {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -139,12 +161,12 @@ fn throughput(wasm: &[u8], args: &Value, workers: usize, via: Via) -> f64 {
         .unwrap();
         host.install("bench", wasm.to_vec()).await.unwrap();
         let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
-        let sandbox_only = via == Via::Sandbox;
         let caller = Throughput {
             host: std::sync::Arc::new(host),
             sandbox: std::sync::Arc::new(sandbox.prepare(wasm).map(|p| (sandbox, p)).unwrap()),
+            bare: std::sync::Arc::new(BareWasmtime::new(wasm)),
             args: args.clone(),
-            sandbox_only,
+            via,
         };
         for _ in 0..WARMUP {
             caller.call().await;
@@ -174,27 +196,37 @@ enum Via {
     Host { history: bool },
     /// The sandbox alone.
     Sandbox,
+    /// wasmtime with nothing of toolhost's: the peer.
+    Bare,
 }
 
-/// One throughput call, through the host or the sandbox alone.
+/// One throughput call, through the host, the sandbox alone or bare wasmtime.
 #[derive(Clone)]
 struct Throughput {
     host: std::sync::Arc<Host>,
     sandbox: std::sync::Arc<(Sandbox, Prepared)>,
+    bare: std::sync::Arc<BareWasmtime>,
     args: Value,
-    sandbox_only: bool,
+    via: Via,
 }
 
 impl Throughput {
     async fn call(&self) {
-        if !self.sandbox_only {
-            let caller = Caller::tenant("bench");
-            let out = self
-                .host
-                .call(&caller, "text_stats", self.args.clone())
-                .await;
-            assert!(out.result.is_ok());
-            return;
+        match self.via {
+            Via::Host { .. } => {
+                let caller = Caller::tenant("bench");
+                let out = self
+                    .host
+                    .call(&caller, "text_stats", self.args.clone())
+                    .await;
+                assert!(out.result.is_ok());
+                return;
+            }
+            Via::Bare => {
+                self.bare.call("text_stats", &self.args.to_string()).await;
+                return;
+            }
+            Via::Sandbox => {}
         }
         let ctx = CallContext {
             tenant: "bench".into(),
@@ -261,12 +293,18 @@ async fn run() {
     })
     .await;
     row("wasm   Host::call", &wasm_host);
-    let apart = measure_apart(Duration::from_micros(100), async || {
+    let apart = measure_apart(Gap::Sleep(Duration::from_micros(100)), async || {
         let out = host.call(&caller, "text_stats", args.clone()).await;
         assert!(out.result.is_ok());
     })
     .await;
     row("wasm   Host::call, 100 µs apart", &apart);
+    let spun = measure_apart(Gap::Spin(Duration::from_micros(100)), async || {
+        let out = host.call(&caller, "text_stats", args.clone()).await;
+        assert!(out.result.is_ok());
+    })
+    .await;
+    row("wasm   Host::call, 100 µs spun", &spun);
 
     // What keeping the call history (for the console) costs a call: a host that keeps none.
     let no_history = Host::open(HostConfig {
@@ -316,6 +354,18 @@ async fn run() {
     })
     .await;
     row("wasm   sandbox only", &wasm_sandbox);
+
+    let bare = BareWasmtime::new(&wasm);
+    let answer: Value = serde_json::from_str(&bare.call("text_stats", &args_text).await).unwrap();
+    assert_eq!(
+        answer, expected,
+        "bare wasmtime runs the same tool to the same answer"
+    );
+    let wasm_bare = measure(async || {
+        bare.call("text_stats", &args_text).await;
+    })
+    .await;
+    row("wasm   bare wasmtime (peer)", &wasm_bare);
 
     let reusing = toolhost::sandbox::Permissions {
         reuse: Some(toolhost::sandbox::ReusePolicy {
