@@ -25,6 +25,7 @@ mod bare_wasmtime;
 #[allow(dead_code)] // not every user of the helpers needs all of them
 mod plugins;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bare_wasmtime::BareWasmtime;
@@ -149,24 +150,30 @@ fn throughput(wasm: &[u8], args: &Value, workers: usize, via: Via) -> f64 {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let call_history = match via {
-            Via::Host { history: false } => 0,
-            _ => HostConfig::default().call_history,
+        let target = match via {
+            Via::Host { history } => {
+                let call_history = match history {
+                    true => HostConfig::default().call_history,
+                    false => 0,
+                };
+                let config = HostConfig {
+                    call_history,
+                    ..HostConfig::default()
+                };
+                let host = Host::open(config).await.unwrap();
+                host.install("bench", wasm.to_vec()).await.unwrap();
+                Target::Host(Arc::new(host))
+            }
+            Via::Sandbox => {
+                let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
+                let prepared = sandbox.prepare(wasm).unwrap();
+                Target::Sandbox(Arc::new((sandbox, prepared)))
+            }
+            Via::Bare => Target::Bare(Arc::new(BareWasmtime::new(wasm))),
         };
-        let host = Host::open(HostConfig {
-            call_history,
-            ..HostConfig::default()
-        })
-        .await
-        .unwrap();
-        host.install("bench", wasm.to_vec()).await.unwrap();
-        let sandbox = Sandbox::new(SandboxConfig::default()).unwrap();
         let caller = Throughput {
-            host: std::sync::Arc::new(host),
-            sandbox: std::sync::Arc::new(sandbox.prepare(wasm).map(|p| (sandbox, p)).unwrap()),
-            bare: std::sync::Arc::new(BareWasmtime::new(wasm)),
+            target,
             args: args.clone(),
-            via,
         };
         for _ in 0..WARMUP {
             caller.call().await;
@@ -190,7 +197,7 @@ fn throughput(wasm: &[u8], args: &Value, workers: usize, via: Via) -> f64 {
 }
 
 /// What a throughput call goes through.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 enum Via {
     /// `Host::call`, with or without the call history.
     Host { history: bool },
@@ -200,34 +207,36 @@ enum Via {
     Bare,
 }
 
-/// One throughput call, through the host, the sandbox alone or bare wasmtime.
+/// What a throughput call runs on, built for its `Via`.
+#[derive(Clone)]
+enum Target {
+    Host(Arc<Host>),
+    Sandbox(Arc<(Sandbox, Prepared)>),
+    Bare(Arc<BareWasmtime>),
+}
+
+/// One throughput call of `text_stats`.
 #[derive(Clone)]
 struct Throughput {
-    host: std::sync::Arc<Host>,
-    sandbox: std::sync::Arc<(Sandbox, Prepared)>,
-    bare: std::sync::Arc<BareWasmtime>,
+    target: Target,
     args: Value,
-    via: Via,
 }
 
 impl Throughput {
     async fn call(&self) {
-        match self.via {
-            Via::Host { .. } => {
+        let (sandbox, prepared) = match &self.target {
+            Target::Host(host) => {
                 let caller = Caller::tenant("bench");
-                let out = self
-                    .host
-                    .call(&caller, "text_stats", self.args.clone())
-                    .await;
+                let out = host.call(&caller, "text_stats", self.args.clone()).await;
                 assert!(out.result.is_ok());
                 return;
             }
-            Via::Bare => {
-                self.bare.call("text_stats", &self.args.to_string()).await;
+            Target::Bare(bare) => {
+                bare.call("text_stats", &self.args.to_string()).await;
                 return;
             }
-            Via::Sandbox => {}
-        }
+            Target::Sandbox(sandbox) => &**sandbox,
+        };
         let ctx = CallContext {
             tenant: "bench".into(),
             call_id: "1".into(),
@@ -235,7 +244,6 @@ impl Throughput {
             data: Value::Null,
         };
         let args = self.args.to_string();
-        let (sandbox, prepared) = &*self.sandbox;
         let limits = Limits::default();
         let entry = Entry::Tool { args: &args };
         let run = sandbox
