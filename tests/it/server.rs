@@ -865,6 +865,37 @@ fn serve_refuses_a_search_model_it_cannot_load() {
     assert!(stderr.contains("search model: config.json"), "{stderr}");
 }
 
+/// `serve` runs eight async workers per core unless told otherwise, and refuses none.
+#[test]
+fn serve_runs_the_async_workers_it_is_told_to() {
+    let started_with = |envs: &[(&str, &std::ffi::OsStr)]| {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let server = crate::process::Server::start(&data, crate::plugins::artifact_dir(), envs);
+        server.stop();
+        let log = std::fs::read_to_string(data.with_extension("serve.log")).unwrap();
+        let line = log.lines().find(|l| l.starts_with("toolhost listening"));
+        line.unwrap_or_else(|| panic!("no listening line: {log}"))
+            .to_owned()
+    };
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let default = started_with(&[]);
+    assert!(
+        default.ends_with(&format!(", async workers: {})", 8 * cores)),
+        "{default}"
+    );
+    let one = started_with(&[("TOOLHOST_ASYNC_WORKERS", "1".as_ref())]);
+    assert!(one.ends_with(", async workers: 1)"), "{one}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolhost"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--async-workers", "0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--async-workers"), "{stderr}");
+}
+
 /// A server on a free port with `limits` on its connections: its address and its task.
 async fn serve_with(
     limits: toolhost_server::listener::ConnectionLimits,

@@ -5,10 +5,11 @@
 //! client sends one request after another: over stdio (`toolhost mcp`) a `ping` and a
 //! `tools/call` of `text_stats`; over Streamable HTTP (`toolhost serve`, one kept-alive
 //! connection, an initialized session) the same two, and the same call on the REST route, the
-//! peer an MCP call is held to. Printed: p50 and p99 of each, the server's context switches
-//! per request (its threads' hand-offs, which this VM's timings hide in noise), and call − ping
-//! per transport, for each placement of the client and the servers (one core, two cores, the
-//! scheduler's).
+//! peer an MCP call is held to. Printed: p50 and p99 of each; per request, the server's context
+//! switches (its threads' hand-offs, which this VM's timings hide in noise) and the CPU time its
+//! threads ran (the rest of a round trip is the client, the kernel and waiting to be woken);
+//! and call − ping per transport, for each placement of the client and the servers (one core,
+//! two cores, the scheduler's).
 //!
 //! With `TOOLHOST_BENCH_WASSETTE` (a `wassette` binary) and
 //! `TOOLHOST_BENCH_WASSETTE_COMPONENT` (the same logic as a WASI component), the same stdio
@@ -43,8 +44,8 @@ fn main() {
     let key = process::tenant(&data, "acme", "{}", &["text_stats"]);
     println!("{ROUNDS} requests one after another, after {WARMUP} warm-up, one client");
     println!(
-        "{:<38} {:>9} {:>9} {:>9}",
-        "", "p50 µs", "p99 µs", "switches"
+        "{:<38} {:>9} {:>9} {:>9} {:>9}",
+        "", "p50 µs", "p99 µs", "switches", "CPU µs"
     );
     // `cargo bench -p toolhost-cli --bench mcp -- stdio` (or `http`) times one transport.
     let only = std::env::args().skip(1).find(|arg| !arg.starts_with("--"));
@@ -202,13 +203,12 @@ fn stdio_rounds(servers: &mut [Stdio]) -> [Timed; 4] {
     for block in 0..(WARMUP + ROUNDS) / BLOCK {
         for (server, timed) in servers.iter_mut().zip(timed.chunks_mut(2)) {
             for (request, timed) in [Request::Ping, Request::Call].into_iter().zip(timed) {
-                let before = context_switches(server.child.id());
+                let before = Counters::of(server.child.id());
                 let samples = (0..BLOCK).map(|_| server.timed(&request));
                 match block >= WARMUP / BLOCK {
                     true => {
                         timed.samples.extend(samples);
-                        timed.switches +=
-                            context_switches(server.child.id()).saturating_sub(before);
+                        timed.server += Counters::of(server.child.id()) - before;
                     }
                     false => samples.for_each(drop),
                 }
@@ -218,36 +218,72 @@ fn stdio_rounds(servers: &mut [Stdio]) -> [Timed; 4] {
     timed
 }
 
-/// One kind of request's round trips, and how often the server's threads were switched out
-/// while it answered them.
+/// One kind of request's round trips, and what the server's threads did while it answered
+/// them.
 #[derive(Default)]
 struct Timed {
     samples: Vec<Duration>,
-    switches: u64,
+    server: Counters,
 }
 
 impl Timed {
-    fn per_request(&self) -> f64 {
-        self.switches as f64 / self.samples.len() as f64
+    fn switches_per_request(&self) -> f64 {
+        self.server.switches as f64 / self.samples.len() as f64
+    }
+
+    fn cpu_us_per_request(&self) -> f64 {
+        self.server.cpu_ns as f64 / 1e3 / self.samples.len() as f64
     }
 }
 
-/// Context switches of every thread of process `pid` so far. A thread that exits takes its
-/// count along, so a difference is taken with `saturating_sub`.
-fn context_switches(pid: u32) -> u64 {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-    let switches_of = |status: String| -> u64 {
-        let counts = status
-            .lines()
-            .filter(|line| line.contains("ctxt_switches:"));
-        counts
-            .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
-            .sum()
-    };
-    tasks
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
-        .map(switches_of)
-        .sum()
+/// A process's context switches and CPU time so far, summed over its threads.
+#[derive(Default, Clone, Copy)]
+struct Counters {
+    switches: u64,
+    cpu_ns: u64,
+}
+
+impl Counters {
+    /// From `/proc/<pid>/task/*/`: `status` has each thread's switches, `schedstat` begins
+    /// with its nanoseconds on a CPU.
+    fn of(pid: u32) -> Counters {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+        let read = |task: &std::path::Path, file: &str| std::fs::read_to_string(task.join(file));
+        let thread = |task: std::path::PathBuf| -> Option<Counters> {
+            let status = read(&task, "status").ok()?;
+            let switches = (status.lines())
+                .filter(|line| line.contains("ctxt_switches:"))
+                .filter_map(|line| line.split_whitespace().last()?.parse::<u64>().ok())
+                .sum();
+            let schedstat = read(&task, "schedstat").ok()?;
+            let cpu_ns = schedstat.split_whitespace().next()?.parse().ok()?;
+            Some(Counters { switches, cpu_ns })
+        };
+        (tasks.filter_map(|task| thread(task.ok()?.path()))).fold(Counters::default(), |a, b| {
+            Counters {
+                switches: a.switches + b.switches,
+                cpu_ns: a.cpu_ns + b.cpu_ns,
+            }
+        })
+    }
+}
+
+/// A difference of two readings. A thread that exits takes its counts along: never below 0.
+impl std::ops::Sub for Counters {
+    type Output = Counters;
+    fn sub(self, before: Counters) -> Counters {
+        Counters {
+            switches: self.switches.saturating_sub(before.switches),
+            cpu_ns: self.cpu_ns.saturating_sub(before.cpu_ns),
+        }
+    }
+}
+
+impl std::ops::AddAssign for Counters {
+    fn add_assign(&mut self, other: Counters) {
+        self.switches += other.switches;
+        self.cpu_ns += other.cpu_ns;
+    }
 }
 
 enum Request {
@@ -348,10 +384,10 @@ async fn http_rounds(addr: SocketAddr, server: u32, key: &str) -> [Timed; 4] {
     client::post(&mut conn, "/mcp", key, &session, &initialized.to_string()).await;
     let mut rounds = async |path: &str, head: &[(&str, &str)], body: String| {
         let mut timed = Timed::default();
-        let mut before = 0;
+        let mut before = Counters::default();
         for round in 0..WARMUP + ROUNDS {
             if round == WARMUP {
-                before = context_switches(server);
+                before = Counters::of(server);
             }
             let start = Instant::now();
             let (status, _, answer) = client::post(&mut conn, path, key, head, &body).await;
@@ -361,7 +397,7 @@ async fn http_rounds(addr: SocketAddr, server: u32, key: &str) -> [Timed; 4] {
                 timed.samples.push(elapsed);
             }
         }
-        timed.switches = context_switches(server).saturating_sub(before);
+        timed.server = Counters::of(server) - before;
         timed
     };
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string();
@@ -399,12 +435,13 @@ fn p50(samples: &[Duration]) -> f64 {
     percentile(samples, 0.5)
 }
 
-/// The p50 of `a` less that of `b`, and the same of their switches per request.
+/// The p50 of `a` less that of `b`, and the same of their switches and CPU per request.
 fn difference(name: &str, a: &Timed, b: &Timed) {
     let (a_p50, b_p50) = (p50(&a.samples), p50(&b.samples));
-    let switches = a.per_request() - b.per_request();
+    let switches = a.switches_per_request() - b.switches_per_request();
+    let cpu = a.cpu_us_per_request() - b.cpu_us_per_request();
     println!(
-        "{name:<38} {:>9.1} {:>9} {switches:>9.2}",
+        "{name:<38} {:>9.1} {:>9} {switches:>9.2} {cpu:>9.1}",
         a_p50 - b_p50,
         ""
     );
@@ -412,9 +449,10 @@ fn difference(name: &str, a: &Timed, b: &Timed) {
 
 fn row(name: &str, timed: &Timed) {
     println!(
-        "{name:<38} {:>9.1} {:>9.1} {:>9.2}",
+        "{name:<38} {:>9.1} {:>9.1} {:>9.2} {:>9.1}",
         p50(&timed.samples),
         percentile(&timed.samples, 0.99),
-        timed.per_request()
+        timed.switches_per_request(),
+        timed.cpu_us_per_request()
     );
 }

@@ -128,6 +128,12 @@ enum Command {
         /// a node (check interval × failures). 0: close at once.
         #[arg(long, default_value_t = 0, env = "TOOLHOST_SHUTDOWN_DRAIN_MS")]
         shutdown_drain_ms: u64,
+        /// Async worker threads. Fewer answer an MCP request in a session with fewer thread
+        /// hand-offs, but guests stuck in one long instruction (a `memory.fill` of hundreds of
+        /// MiB) can then hold up other tenants' requests: keep the default with untrusted
+        /// tenants [default: 8 per core]
+        #[arg(long, env = "TOOLHOST_ASYNC_WORKERS")]
+        async_workers: Option<std::num::NonZeroUsize>,
         #[command(flatten)]
         disclosure: DisclosureArgs,
     },
@@ -267,10 +273,17 @@ fn main() -> ExitCode {
         // More workers than a tenant's share of call trees: a guest in one long,
         // uninterruptible instruction (a `memory.fill` of hundreds of MiB) holds its worker,
         // and other tenants' requests must still find one. BENCHMARKS.md has the figures.
-        _ => {
+        ref command => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let workers = match command {
+                Command::Serve {
+                    async_workers: Some(workers),
+                    ..
+                } => workers.get(),
+                _ => WORKERS_PER_CORE * cores,
+            };
             let mut runtime = tokio::runtime::Builder::new_multi_thread();
-            runtime.worker_threads(WORKERS_PER_CORE * cores);
+            runtime.worker_threads(workers);
             runtime
         }
     };
@@ -571,6 +584,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             mcp_session_idle_secs,
             shutdown_drain_ms,
             disclosure,
+            async_workers: _, // the runtime's, in `main`
         } => {
             // The search model loads (or fails) before the port opens.
             let options = toolhost_server::server::ServerOptions {
@@ -590,7 +604,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|e| usage(format!("cannot listen on {listen}: {e}")))?;
-            eprintln!("toolhost listening on http://{listen} (console: /, API: /openapi.json)");
+            let workers = tokio::runtime::Handle::current().metrics().num_workers();
+            eprintln!(
+                "toolhost listening on http://{listen} (console: /, API: /openapi.json, \
+                 async workers: {workers})"
+            );
             let host = std::sync::Arc::new(host);
             let admin = serve_admin(&host, &data_dir);
             let served =

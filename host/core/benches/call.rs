@@ -11,6 +11,8 @@
 //! - `wasm   Host::call, 100 µs apart`: the same, the thread asleep 100 µs before each call, as
 //!   a server is between one client's requests (what an idle core costs the next call);
 //! - `wasm   Host::call, 100 µs spun`: the same wait spent spinning, so the core never idles;
+//! - `wasm   Host::call, 4 MiB written`: the thread writes over 4 MiB (twice the L2 cache)
+//!   before each call, as a client sharing the core would: what cold data caches cost;
 //! - `native Host::call`: the same tool logic as a native Rust tool, through the same pipeline;
 //! - `… no history`: the same on a host that keeps no call history (what the console's
 //!   recent calls and per-minute figures cost a call).
@@ -68,6 +70,9 @@ enum Gap {
     Sleep(Duration),
     /// Spins, keeping the CPU busy: the same wait without the idle.
     Spin(Duration),
+    /// Writes over this many bytes, as another process on the core would between two
+    /// requests: the call starts with the core's caches holding none of its memory.
+    Evict(usize),
 }
 
 /// As `measure`, with `gap` before each timed call.
@@ -76,6 +81,7 @@ async fn measure_apart<F: AsyncFnMut()>(gap: Gap, mut f: F) -> Summary {
         f().await;
     }
     let mut samples = Vec::with_capacity(CALLS);
+    let mut scratch = Vec::new();
     for _ in 0..CALLS {
         match gap {
             Gap::Sleep(gap) => std::thread::sleep(gap),
@@ -84,6 +90,15 @@ async fn measure_apart<F: AsyncFnMut()>(gap: Gap, mut f: F) -> Summary {
                 while start.elapsed() < gap {
                     std::hint::spin_loop();
                 }
+            }
+            Gap::Evict(bytes) => {
+                if scratch.len() < bytes {
+                    scratch = vec![0u8; bytes];
+                }
+                for line in scratch[..bytes].chunks_mut(64) {
+                    line[0] = line[0].wrapping_add(1);
+                }
+                std::hint::black_box(&scratch);
             }
         }
         let start = Instant::now();
@@ -313,6 +328,12 @@ async fn run() {
     })
     .await;
     row("wasm   Host::call, 100 µs spun", &spun);
+    let evicted = measure_apart(Gap::Evict(4 << 20), async || {
+        let out = host.call(&caller, "text_stats", args.clone()).await;
+        assert!(out.result.is_ok());
+    })
+    .await;
+    row("wasm   Host::call, 4 MiB written", &evicted);
 
     // What keeping the call history (for the console) costs a call: a host that keeps none.
     let no_history = Host::open(HostConfig {
