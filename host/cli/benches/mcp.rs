@@ -259,11 +259,10 @@ impl Counters {
             let cpu_ns = schedstat.split_whitespace().next()?.parse().ok()?;
             Some(Counters { switches, cpu_ns })
         };
-        (tasks.filter_map(|task| thread(task.ok()?.path()))).fold(Counters::default(), |a, b| {
-            Counters {
-                switches: a.switches + b.switches,
-                cpu_ns: a.cpu_ns + b.cpu_ns,
-            }
+        let threads = tasks.filter_map(|task| thread(task.ok()?.path()));
+        threads.fold(Counters::default(), |mut sum, thread| {
+            sum += thread;
+            sum
         })
     }
 }
