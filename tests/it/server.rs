@@ -865,7 +865,7 @@ fn serve_refuses_a_search_model_it_cannot_load() {
     assert!(stderr.contains("search model: config.json"), "{stderr}");
 }
 
-/// `serve` runs eight async workers per core unless told otherwise, and refuses none.
+/// `serve` runs eight async workers per core unless told otherwise, and refuses a count of 0.
 #[test]
 fn serve_runs_the_async_workers_it_is_told_to() {
     let started_with = |envs: &[(&str, &std::ffi::OsStr)]| {
