@@ -274,13 +274,12 @@ fn main() -> ExitCode {
         // uninterruptible instruction (a `memory.fill` of hundreds of MiB) holds its worker,
         // and other tenants' requests must still find one. BENCHMARKS.md has the figures.
         ref command => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let workers = match command {
                 Command::Serve {
                     async_workers: Some(workers),
                     ..
                 } => workers.get(),
-                _ => WORKERS_PER_CORE * cores,
+                _ => WORKERS_PER_CORE * std::thread::available_parallelism().map_or(1, |n| n.get()),
             };
             let mut runtime = tokio::runtime::Builder::new_multi_thread();
             runtime.worker_threads(workers);

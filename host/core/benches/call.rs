@@ -310,30 +310,20 @@ async fn run() {
         "{:<32} {:>9} {:>9} {:>9}",
         "", "p50 µs", "p99 µs", "mean µs"
     );
-    let wasm_host = measure(async || {
-        let out = host.call(&caller, "text_stats", args.clone()).await;
-        assert!(out.result.is_ok());
-    })
-    .await;
-    row("wasm   Host::call", &wasm_host);
-    let apart = measure_apart(Gap::Sleep(Duration::from_micros(100)), async || {
-        let out = host.call(&caller, "text_stats", args.clone()).await;
-        assert!(out.result.is_ok());
-    })
-    .await;
-    row("wasm   Host::call, 100 µs apart", &apart);
-    let spun = measure_apart(Gap::Spin(Duration::from_micros(100)), async || {
-        let out = host.call(&caller, "text_stats", args.clone()).await;
-        assert!(out.result.is_ok());
-    })
-    .await;
-    row("wasm   Host::call, 100 µs spun", &spun);
-    let evicted = measure_apart(Gap::Evict(4 << 20), async || {
-        let out = host.call(&caller, "text_stats", args.clone()).await;
-        assert!(out.result.is_ok());
-    })
-    .await;
-    row("wasm   Host::call, 4 MiB written", &evicted);
+    let apart = Duration::from_micros(100);
+    for (name, gap) in [
+        ("wasm   Host::call", Gap::Spin(Duration::ZERO)),
+        ("wasm   Host::call, 100 µs apart", Gap::Sleep(apart)),
+        ("wasm   Host::call, 100 µs spun", Gap::Spin(apart)),
+        ("wasm   Host::call, 4 MiB written", Gap::Evict(4 << 20)),
+    ] {
+        let timed = measure_apart(gap, async || {
+            let out = host.call(&caller, "text_stats", args.clone()).await;
+            assert!(out.result.is_ok());
+        })
+        .await;
+        row(name, &timed);
+    }
 
     // What keeping the call history (for the console) costs a call: a host that keeps none.
     let no_history = Host::open(HostConfig {
