@@ -4,14 +4,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use serde_json::Value;
 
 use toolhost_sandbox::helpers::Helpers;
 use toolhost_spec::call::{CallContext, ToolError};
 use toolhost_spec::spec::{Schemas, SpecError, ToolSpec};
-use toolhost_store::ToolVersion;
+use toolhost_store::{SharedSpecs, ToolVersion};
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type Handler =
@@ -136,6 +136,8 @@ impl NativeRegistry {
 #[derive(Default)]
 pub(crate) struct TenantTools {
     tenants: RwLock<HashMap<String, BTreeMap<String, Arc<TenantTool>>>>,
+    /// Tenants that installed the same code hold one copy of its specs.
+    specs: Mutex<SharedSpecs>,
 }
 
 impl TenantTools {
@@ -153,6 +155,7 @@ impl TenantTools {
     }
 
     pub fn insert(&self, tool: TenantTool) {
+        let tool = self.shared(tool);
         let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
         tenants
             .entry(tool.tenant.clone())
@@ -187,10 +190,17 @@ impl TenantTools {
     pub fn replace_tenant(&self, tenant: &str, tools: Vec<TenantTool>) {
         let by_name = tools
             .into_iter()
-            .map(|tool| (tool.spec().name.clone(), Arc::new(tool)))
+            .map(|tool| (tool.spec().name.clone(), Arc::new(self.shared(tool))))
             .collect();
         let mut tenants = self.tenants.write().unwrap_or_else(|p| p.into_inner());
         tenants.insert(tenant.to_owned(), by_name);
+    }
+
+    /// `tool`, its spec the one already held for its code if that is equal.
+    fn shared(&self, mut tool: TenantTool) -> TenantTool {
+        let mut specs = self.specs.lock().unwrap_or_else(|p| p.into_inner());
+        specs.share_spec(&tool.version.component, &mut tool.version.spec);
+        tool
     }
 
     /// Whether `tools` are not exactly `tenant`'s tools as served now.
@@ -209,4 +219,41 @@ impl TenantTools {
 /// Tenant ids come from the embedding app: any 1 to 128 printable characters.
 pub fn is_valid_tenant(tenant: &str) -> bool {
     (1..=128).contains(&tenant.len()) && !tenant.chars().any(char::is_control)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use toolhost_store::SourceKind;
+
+    fn tool(tenant: &str, component: &str, description: &str) -> TenantTool {
+        let spec = ToolSpec::new("t", description, serde_json::json!({"type": "object"}));
+        TenantTool {
+            tenant: tenant.into(),
+            version: ToolVersion {
+                version: 1,
+                kind: SourceKind::Wasm,
+                spec: Arc::new(spec),
+                component: component.into(),
+                runtime: None,
+                bytes: 10,
+                installed_at_ms: 1,
+            },
+            schemas: OnceLock::new(),
+        }
+    }
+
+    #[test]
+    fn tenants_serving_the_same_code_hold_one_copy_of_its_spec() {
+        let tools = TenantTools::default();
+        tools.insert(tool("a", "sha1", "d"));
+        tools.replace_tenant("b", vec![tool("b", "sha1", "d")]);
+        tools.insert(tool("c", "sha1", "edited"));
+        tools.insert(tool("d", "sha2", "d"));
+        let spec = |tenant: &str| tools.get(tenant, "t").unwrap().version.spec.clone();
+        assert!(Arc::ptr_eq(&spec("a"), &spec("b")));
+        assert!(!Arc::ptr_eq(&spec("a"), &spec("c")), "another spec");
+        assert!(!Arc::ptr_eq(&spec("a"), &spec("d")), "other code");
+        assert_eq!(spec("c").description, "edited");
+    }
 }

@@ -16,6 +16,9 @@ mod postgres;
 mod redb_store;
 mod sealed;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -108,8 +111,9 @@ pub struct ToolVersion {
     /// What implements it.
     #[serde(default)]
     pub kind: SourceKind,
-    /// The spec it was installed with.
-    pub spec: ToolSpec,
+    /// The spec it was installed with; one copy for every version read with an equal one
+    /// (see [`SharedSpecs`]).
+    pub spec: Arc<ToolSpec>,
     /// sha256 (hex) of the blob that implements it: the component, the HTTP request
     /// definition (JSON), or the JS source and the runtime it runs on (JSON).
     pub component: String,
@@ -168,7 +172,7 @@ impl ToolEntry {
     pub fn push(
         &mut self,
         (kind, runtime): (SourceKind, Option<String>),
-        spec: ToolSpec,
+        spec: impl Into<Arc<ToolSpec>>,
         component: String,
         bytes: u64,
         installed_at_ms: u64,
@@ -177,7 +181,7 @@ impl ToolEntry {
         self.versions.push(ToolVersion {
             version,
             kind,
-            spec,
+            spec: spec.into(),
             component,
             runtime,
             bytes,
@@ -186,6 +190,48 @@ impl ToolEntry {
         let excess = self.versions.len().saturating_sub(MAX_VERSIONS_KEPT);
         self.versions.drain(..excess);
         self.current = version;
+    }
+}
+
+/// Equal specs held once: a component that a thousand tenants installed would otherwise be
+/// parsed into a thousand copies of each of its specs. Holds none itself: a spec no tool
+/// holds any more is forgotten.
+#[derive(Default)]
+pub struct SharedSpecs {
+    by_code: HashMap<String, Weak<ToolSpec>>,
+    /// Forgotten specs are swept out when the map has grown past this.
+    sweep_at: usize,
+}
+
+impl SharedSpecs {
+    /// `entry`, each of its versions pointing at an equal spec seen before for the same code.
+    pub fn share(&mut self, mut entry: ToolEntry) -> ToolEntry {
+        for version in &mut entry.versions {
+            self.share_spec(&version.component, &mut version.spec);
+        }
+        entry
+    }
+
+    /// Points `spec`, implemented by the blob `component`, at an equal one seen before.
+    pub fn share_spec(&mut self, component: &str, spec: &mut Arc<ToolSpec>) {
+        use std::collections::hash_map::Entry;
+        if self.by_code.len() >= self.sweep_at {
+            self.by_code.retain(|_, seen| seen.strong_count() > 0);
+            self.sweep_at = (2 * self.by_code.len()).max(1024);
+        }
+        match self.by_code.entry(format!("{component}/{}", spec.name)) {
+            Entry::Occupied(mut slot) => match slot.get().upgrade() {
+                Some(seen) if *seen == **spec => *spec = seen,
+                // The same code installed with another spec: kept as it is.
+                Some(_) => {}
+                None => {
+                    slot.insert(Arc::downgrade(spec));
+                }
+            },
+            Entry::Vacant(slot) => {
+                slot.insert(Arc::downgrade(spec));
+            }
+        }
     }
 }
 
@@ -767,6 +813,50 @@ mod tests {
             entry.push(kind, spec.clone(), sha.to_string(), 10, at);
         }
         entry
+    }
+
+    #[test]
+    fn an_equal_spec_is_shared_only_while_a_tool_holds_it() {
+        let mut specs = SharedSpecs::default();
+        let spec = || Arc::new(ToolSpec::new("t", "d", json!({"type": "object"})));
+        let mut first = spec();
+        let address = Arc::as_ptr(&first);
+        specs.share_spec("sha1", &mut first);
+        assert_eq!(Arc::as_ptr(&first), address, "nothing seen yet: its own");
+        let mut second = spec();
+        specs.share_spec("sha1", &mut second);
+        assert!(Arc::ptr_eq(&first, &second), "equal, same code: shared");
+        let mut edited = Arc::new(ToolSpec::new("t", "another", json!({"type": "object"})));
+        specs.share_spec("sha1", &mut edited);
+        assert!(
+            !Arc::ptr_eq(&second, &edited),
+            "same code, another spec: its own"
+        );
+        let mut other_code = spec();
+        specs.share_spec("sha2", &mut other_code);
+        assert!(!Arc::ptr_eq(&second, &other_code), "other code: its own");
+        drop((first, second));
+        let mut after = spec();
+        let address = Arc::as_ptr(&after);
+        specs.share_spec("sha1", &mut after);
+        assert_eq!(
+            Arc::as_ptr(&after),
+            address,
+            "no tool held the old one: kept as read"
+        );
+        let mut again = spec();
+        specs.share_spec("sha1", &mut again);
+        assert!(Arc::ptr_eq(&after, &again), "and it is the one shared now");
+    }
+
+    #[test]
+    fn forgotten_specs_are_swept_out() {
+        let mut specs = SharedSpecs::default();
+        for sha in 0..5_000 {
+            let mut spec = Arc::new(ToolSpec::new("t", "d", json!({"type": "object"})));
+            specs.share_spec(&sha.to_string(), &mut spec);
+        }
+        assert!(specs.by_code.len() <= 1024, "{} kept", specs.by_code.len());
     }
 
     #[test]

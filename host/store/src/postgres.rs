@@ -21,8 +21,8 @@ use toolhost_spec::policy::TenantPolicy;
 
 use crate::{
     Change, ConfigValue, DurableCall, DurableState, EntriesLock, HeldCall, KeyRecord, Result,
-    SecretsKey, Store, StoreError, ToolEntry, ToolRecords, cache_bytes, cache_expired, kv_bytes,
-    now_ms, open_config, over, quota_error, seal_config,
+    SecretsKey, SharedSpecs, Store, StoreError, ToolEntry, ToolRecords, cache_bytes, cache_expired,
+    kv_bytes, now_ms, open_config, over, quota_error, seal_config,
 };
 
 /// A blob this young is never collected: an install on another node may not have written
@@ -452,19 +452,19 @@ struct BlobNamed {
 }
 
 /// Every record that parses; an unreadable one is logged and left in place.
+/// Parsed one by one as the caller takes them, each row freed once parsed.
 fn readable<T: serde::de::DeserializeOwned>(
     what: &str,
     rows: Vec<(String, String)>,
-) -> Vec<(String, T)> {
+) -> impl Iterator<Item = (String, T)> {
     rows.into_iter()
-        .filter_map(|(key, json)| match parse(what, &key, &json) {
+        .filter_map(move |(key, json)| match parse(what, &key, &json) {
             Ok(record) => Some((key, record)),
             Err(error) => {
                 tracing::error!(%error, "{what} skipped");
                 None
             }
         })
-        .collect()
 }
 
 #[async_trait::async_trait]
@@ -476,9 +476,9 @@ impl Store for PgStore {
                 .await
                 .map_err(backend)?;
         let read = rows.len();
+        let mut specs = SharedSpecs::default();
         let entries = readable("tool record", rows)
-            .into_iter()
-            .map(|(_, e)| e)
+            .map(|(_, e)| specs.share(e))
             .collect();
         Ok(ToolRecords::of(read, entries))
     }
@@ -491,9 +491,9 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(backend)?;
+        let mut specs = SharedSpecs::default();
         Ok(readable("tool record", rows)
-            .into_iter()
-            .map(|(_, e)| e)
+            .map(|(_, e)| specs.share(e))
             .collect())
     }
 
@@ -980,7 +980,7 @@ impl Store for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(backend)?;
-        Ok(readable("held call", rows))
+        Ok(readable("held call", rows).collect())
     }
 
     async fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>> {

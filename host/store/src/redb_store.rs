@@ -32,9 +32,9 @@ use serde_json::Value;
 use toolhost_spec::policy::TenantPolicy;
 
 use crate::{
-    ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, Result, SecretsKey, Store,
-    StoreError, ToolEntry, ToolRecords, cache_expired, now_ms, open_config, over, quota_error,
-    seal_config,
+    ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, Result, SecretsKey, SharedSpecs,
+    Store, StoreError, ToolEntry, ToolRecords, cache_expired, now_ms, open_config, over,
+    quota_error, seal_config,
 };
 
 fn key(parts: &[&str]) -> Vec<u8> {
@@ -343,20 +343,20 @@ fn backend(error: impl Into<redb::Error>) -> StoreError {
 
 /// Every record that parses. An unreadable one (damaged, or from an incompatible version) is
 /// logged and left in place, untouched: one bad record must not stop every tenant's tools.
+/// Parsed one by one as the caller takes them, each raw record freed once parsed.
 fn readable<T: serde::de::DeserializeOwned>(
     entries: Vec<(Vec<u8>, Vec<u8>)>,
     what: &str,
-) -> Vec<(Vec<u8>, T)> {
+) -> impl Iterator<Item = (Vec<u8>, T)> {
     entries
         .into_iter()
-        .filter_map(|(key, value)| match serde_json::from_slice(&value) {
+        .filter_map(move |(key, value)| match serde_json::from_slice(&value) {
             Ok(record) => Some((key, record)),
             Err(e) => {
                 tracing::error!(error = %corrupt(&key, e), "{what} skipped");
                 None
             }
         })
-        .collect()
 }
 
 fn corrupt(key: &[u8], error: impl std::fmt::Display) -> StoreError {
@@ -496,18 +496,18 @@ impl RedbFile {
     fn tool_entries(&self) -> Result<ToolRecords> {
         let records = self.scan(TOOLS, b"")?;
         let read = records.len();
+        let mut specs = SharedSpecs::default();
         let entries = readable(records, "tool record")
-            .into_iter()
-            .map(|(_, e)| e)
+            .map(|(_, e)| specs.share(e))
             .collect();
         Ok(ToolRecords::of(read, entries))
     }
 
     fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
         let entries = self.scan(TOOLS, &[tenant.as_bytes(), b"\0"].concat())?;
+        let mut specs = SharedSpecs::default();
         Ok(readable(entries, "tool record")
-            .into_iter()
-            .map(|(_, e)| e)
+            .map(|(_, e)| specs.share(e))
             .collect())
     }
 
@@ -664,7 +664,7 @@ impl RedbFile {
 
     fn durable_purge(&self, before_ms: u64) -> Result<usize> {
         let calls: Vec<(Vec<u8>, DurableCall)> =
-            readable(self.scan(DURABLE_CALLS, b"")?, "durable call");
+            readable(self.scan(DURABLE_CALLS, b"")?, "durable call").collect();
         let ended_at = |call: &DurableCall| match call.state {
             DurableState::Done { ended_at_ms, .. } | DurableState::Lost { ended_at_ms, .. } => {
                 Some(ended_at_ms)
@@ -920,7 +920,6 @@ impl RedbFile {
     fn held_calls(&self) -> Result<Vec<(String, HeldCall)>> {
         let entries = self.scan(HELD_CALLS, b"")?;
         Ok(readable(entries, "held call")
-            .into_iter()
             .map(|(key, held)| (String::from_utf8_lossy(&key).into_owned(), held))
             .collect())
     }

@@ -65,6 +65,7 @@ macro_rules! conformance {
 
 conformance!(
     tool_entries_are_kept_by_tenant,
+    tenants_with_the_same_code_read_back_one_copy_of_its_spec,
     blobs_are_collected_only_when_nothing_refers_to_them,
     cached_results_expire,
     cached_results_stay_within_the_data_quota_dropping_expired_ones_first,
@@ -122,6 +123,38 @@ async fn tool_entries_are_kept_by_tenant(store: Arc<dyn Store>) {
 
 /// Every engine keeps what is live; when it collects the rest differs (see the tests after
 /// this one), so that is not asserted here.
+async fn tenants_with_the_same_code_read_back_one_copy_of_its_spec(store: Arc<dyn Store>) {
+    let mut other_spec = entry("c", "t", "sha1");
+    let mut edited = (*other_spec.current().spec).clone();
+    edited.description = "another description".into();
+    other_spec.versions[0].spec = edited.into();
+    let written = [
+        entry("a", "t", "sha1"),
+        entry("b", "t", "sha1"),
+        other_spec,
+        entry("d", "t", "sha2"),
+    ];
+    store.put_tool_entries(&written).await.unwrap();
+    let read = store.tool_entries().await.unwrap().entries;
+    assert_eq!(read, written, "sharing changes no spec");
+    let spec = |tenant: &str| {
+        let entry = read.iter().find(|e| e.tenant == tenant).unwrap();
+        entry.current().spec.clone()
+    };
+    assert!(
+        Arc::ptr_eq(&spec("a"), &spec("b")),
+        "same code and spec: one copy"
+    );
+    assert!(
+        !Arc::ptr_eq(&spec("a"), &spec("c")),
+        "same code, another spec: its own"
+    );
+    assert!(
+        !Arc::ptr_eq(&spec("a"), &spec("d")),
+        "an equal spec of other code: its own"
+    );
+}
+
 async fn blobs_are_collected_only_when_nothing_refers_to_them(store: Arc<dyn Store>) {
     store.put_blob("live", b"1").await.unwrap();
     store.put_blob("dead", b"2").await.unwrap();
