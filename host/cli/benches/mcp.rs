@@ -2,8 +2,8 @@
 //! `cargo bench -p toolhost-cli --bench mcp`.
 //!
 //! The real binary on a fresh data directory, `text_stats` installed for one tenant. One
-//! client sends one request after another: over stdio (`toolhost mcp`) a `ping` and a
-//! `tools/call` of `text_stats`; over Streamable HTTP (`toolhost serve`, one kept-alive
+//! client sends one request after another: over stdio (`toolhost mcp`) a `ping`, a
+//! `tools/call` of `text_stats` and a `tools/list`; over Streamable HTTP (`toolhost serve`, one kept-alive
 //! connection, an initialized session) the same two, and the same call on the REST route, the
 //! peer an MCP call is held to. Printed: p50 and p99 of each; per request, the server's context
 //! switches (its threads' hand-offs, which this VM's timings hide in noise) and the CPU time its
@@ -135,10 +135,11 @@ fn stdio(dir: &std::path::Path, data: &std::path::Path, placement: &Placement) {
     });
     // Short blocks of each server in turn: the machine's drift falls on every row alike, and
     // each server is timed warm, one request after another.
-    let [ping, call, peer_ping, peer_call] = stdio_rounds(&mut servers);
+    let [ping, call, list, peer_ping, peer_call, peer_list] = stdio_rounds(&mut servers);
     servers.into_iter().for_each(Stdio::stop);
     row("  stdio    ping", &ping);
     row("  stdio    tools/call", &call);
+    row("  stdio    tools/list", &list);
     difference("  stdio    call − ping", &call, &ping);
     if peer_call.samples.is_empty() {
         println!("  stdio    Wassette: not measured (run peers/wassette/run)");
@@ -146,6 +147,7 @@ fn stdio(dir: &std::path::Path, data: &std::path::Path, placement: &Placement) {
     }
     row("  stdio    Wassette ping (peer)", &peer_ping);
     row("  stdio    Wassette tools/call (peer)", &peer_call);
+    row("  stdio    Wassette tools/list (peer)", &peer_list);
     difference("  stdio    Wassette call − ping", &peer_call, &peer_ping);
     let ratio = p50(&peer_call.samples) / p50(&call.samples);
     println!(
@@ -196,15 +198,16 @@ fn wassette(dir: &std::path::Path) -> Option<Stdio> {
     Some(Stdio::start(server, "text-stats"))
 }
 
-/// `[ping, call]` of the first server then of the second (empty without one), in blocks of
-/// `BLOCK` pings then `BLOCK` calls, one server's blocks after the other's.
-fn stdio_rounds(servers: &mut [Stdio]) -> [Timed; 4] {
-    let mut timed: [Timed; 4] = Default::default();
+/// `[ping, call, list]` of the first server then of the second (empty without one), in
+/// blocks of `BLOCK` of each, one server's blocks after the other's.
+fn stdio_rounds(servers: &mut [Stdio]) -> [Timed; 6] {
+    let mut timed: [Timed; 6] = Default::default();
+    let requests = [Request::Ping, Request::Call, Request::List];
     for block in 0..(WARMUP + ROUNDS) / BLOCK {
-        for (server, timed) in servers.iter_mut().zip(timed.chunks_mut(2)) {
-            for (request, timed) in [Request::Ping, Request::Call].into_iter().zip(timed) {
+        for (server, timed) in servers.iter_mut().zip(timed.chunks_mut(requests.len())) {
+            for (request, timed) in requests.iter().zip(timed) {
                 let before = Counters::of(server.child.id());
-                let samples = (0..BLOCK).map(|_| server.timed(&request));
+                let samples = (0..BLOCK).map(|_| server.timed(request));
                 match block >= WARMUP / BLOCK {
                     true => {
                         timed.samples.extend(samples);
@@ -288,6 +291,7 @@ impl std::ops::AddAssign for Counters {
 enum Request {
     Ping,
     Call,
+    List,
 }
 
 /// An initialized MCP session with a stdio server; notifications it sends are skipped.
@@ -298,6 +302,7 @@ struct Stdio {
     line: String,
     ping: String,
     call: String,
+    list: String,
 }
 
 impl Stdio {
@@ -315,6 +320,7 @@ impl Stdio {
             line: String::new(),
             ping: json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}).to_string(),
             call: call_request(tool).to_string(),
+            list: json!({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}).to_string(),
         };
         session.ask(&client::initialize());
         session.ask(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string());
@@ -331,6 +337,7 @@ impl Stdio {
         let message = match request {
             Request::Ping => self.ping.clone(),
             Request::Call => self.call.clone(),
+            Request::List => self.list.clone(),
         };
         let start = Instant::now();
         self.ask(&message);

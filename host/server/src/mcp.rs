@@ -11,8 +11,8 @@ use std::sync::Arc;
 use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    Implementation, ListToolsResult, PaginatedRequestParams, ResultType, ServerCapabilities,
-    ServerConfig, Tool,
+    Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{RoleServer, ServerHandler};
@@ -38,6 +38,8 @@ pub struct McpServer {
     host: Arc<Host>,
     /// What the agent is shown: every tool, or the search bridges for a large catalog.
     disclosure: Arc<Disclosure>,
+    /// Each tenant's listing as MCP tools, shared by every session.
+    listings: Arc<Listings>,
     /// Fixed for stdio; `None` takes it from each HTTP request's [`McpTenant`].
     tenant: Option<String>,
 }
@@ -47,18 +49,48 @@ impl McpServer {
     pub fn stdio(host: Arc<Host>, disclosure: DisclosureConfig, tenant: String) -> Self {
         McpServer {
             disclosure: Arc::new(Disclosure::new(host.clone(), disclosure)),
+            listings: Arc::default(),
             host,
             tenant: Some(tenant),
         }
     }
 
     /// For `/mcp`: the tenant of each request's key.
-    pub fn http(host: Arc<Host>, disclosure: Arc<Disclosure>) -> Self {
+    pub fn http(host: Arc<Host>, disclosure: Arc<Disclosure>, listings: Arc<Listings>) -> Self {
         McpServer {
             host,
             disclosure,
+            listings,
             tenant: None,
         }
+    }
+
+    /// The tenant's listing as MCP tools, converted again only when the host's tools changed.
+    fn listing(&self, tenant: &str) -> Result<Arc<Listing>, ErrorData> {
+        let generation = self.host.generation();
+        if let Some(listing) = self.listings.cache.get(tenant)
+            && listing.generation == generation
+        {
+            return Ok(listing);
+        }
+        let mut json_bytes = 0;
+        let tools = (self.disclosure.listing(tenant).iter())
+            .map(|spec| {
+                let tool = export::tool(spec, Format::Mcp);
+                json_bytes += tool.to_string().len() as u64;
+                serde_json::from_value::<Tool>(tool)
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| ErrorData::internal_error(format!("a tool did not convert: {e}"), None))?;
+        let listing = Arc::new(Listing {
+            generation,
+            tools,
+            json_bytes,
+        });
+        self.listings
+            .cache
+            .insert(tenant.to_owned(), listing.clone());
+        Ok(listing)
     }
 
     fn tenant(&self, extensions: &rmcp::model::Extensions) -> Result<String, ErrorData> {
@@ -70,6 +102,40 @@ impl McpServer {
             .and_then(|parts| parts.extensions.get::<McpTenant>())
             .map(|t| t.0.clone())
             .ok_or_else(|| ErrorData::invalid_request("no tenant for this request", None))
+    }
+}
+
+/// Bytes of JSON of the listings kept: a listing converts every spec twice (the export, then
+/// rmcp's types), which costs several times what sending it does.
+const LISTINGS_JSON_BYTES: u64 = 8 << 20;
+
+/// Each tenant's `tools/list` as MCP tools, the least used giving way past
+/// [`LISTINGS_JSON_BYTES`]; a listing larger than a share of that is converted every time.
+pub struct Listings {
+    cache: quick_cache::sync::Cache<String, Arc<Listing>, ByJsonBytes>,
+}
+
+impl Default for Listings {
+    fn default() -> Self {
+        Listings {
+            cache: quick_cache::sync::Cache::with_weighter(256, LISTINGS_JSON_BYTES, ByJsonBytes),
+        }
+    }
+}
+
+/// A tenant's listing, at the host's generation it was built at.
+struct Listing {
+    generation: (u64, u64),
+    tools: Vec<Tool>,
+    json_bytes: u64,
+}
+
+#[derive(Clone)]
+struct ByJsonBytes;
+
+impl quick_cache::Weighter<String, Arc<Listing>> for ByJsonBytes {
+    fn weight(&self, tenant: &String, listing: &Arc<Listing>) -> u64 {
+        (tenant.len() as u64 + listing.json_bytes).max(1)
     }
 }
 
@@ -138,27 +204,21 @@ impl ServerHandler for McpServer {
                 ErrorData::invalid_params(format!("invalid cursor `{cursor}`"), None)
             })?,
         };
-        let listed = self.disclosure.listing(&tenant);
-        let page: Vec<Value> = listed
+        let listed = self.listing(&tenant)?;
+        let mut tools: Vec<Tool> = listed
+            .tools
             .iter()
             .skip(start)
             .take(PAGE_SIZE)
-            .map(|spec| export::tool(spec, Format::Mcp))
+            .cloned()
             .collect();
-        let next = (start + PAGE_SIZE < listed.len()).then(|| (start + PAGE_SIZE).to_string());
-        let mut tools: Vec<Tool> = page
-            .into_iter()
-            .map(serde_json::from_value)
-            .collect::<Result<_, _>>()
-            .map_err(|e| ErrorData::internal_error(format!("a tool did not convert: {e}"), None))?;
         if !knows_structured_output(&context) {
             tools.iter_mut().for_each(|tool| tool.output_schema = None);
         }
-        let result = json!({"tools": tools, "nextCursor": next});
-        let mut result: ListToolsResult = serde_json::from_value(result)
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        // Required from 2026-07-28; rmcp drops it for peers on an earlier version.
-        result.result_type = Some(ResultType::COMPLETE);
+        // `result_type` is set: required from 2026-07-28, dropped by rmcp for earlier peers.
+        let mut result = ListToolsResult::with_all_items(tools);
+        result.next_cursor =
+            (start + PAGE_SIZE < listed.tools.len()).then(|| (start + PAGE_SIZE).to_string());
         Ok(result)
     }
 
@@ -174,11 +234,7 @@ impl ServerHandler for McpServer {
         // either. Looked up by name: building the whole listing per call is O(catalog).
         let visible = self.host.is_visible(&tenant, &name);
         let bridge = [TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL].contains(&name.as_str())
-            && self
-                .disclosure
-                .listing(&tenant)
-                .iter()
-                .any(|s| s.name == name);
+            && (self.listing(&tenant)?.tools.iter()).any(|tool| tool.name == name);
         if !visible && !bridge {
             return Err(ErrorData::invalid_params(
                 format!("no tool named `{name}`"),

@@ -39,7 +39,7 @@ use crate::bridges::{Disclosure, DisclosureConfig, TOOL_SEARCH};
 use crate::console;
 use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
-use crate::mcp::{McpServer, McpTenant};
+use crate::mcp::{Listings, McpServer, McpTenant};
 use crate::sessions::{Refused, SessionLimits, Sessions, StoredSessions};
 
 /// Every request but an upload.
@@ -63,6 +63,7 @@ struct App {
 /// sessions.
 struct Mcp {
     disclosure: Arc<Disclosure>,
+    listings: Arc<Listings>,
     config: StreamableHttpServerConfig,
     sessions: Sessions,
     /// On a store that many nodes share, sessions are kept there too, for any node to
@@ -81,8 +82,12 @@ impl Mcp {
             config.session_store = Some(Arc::new(self.stored_sessions(host, tenant)));
         }
         let (host, disclosure) = (host.clone(), self.disclosure.clone());
+        let listings = self.listings.clone();
         StreamableHttpService::new(
-            move || Ok(McpServer::http(host.clone(), disclosure.clone())),
+            move || {
+                let (host, disclosure) = (host.clone(), disclosure.clone());
+                Ok(McpServer::http(host, disclosure, listings.clone()))
+            },
             self.sessions.manager(tenant),
             config,
         )
@@ -136,6 +141,7 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
     let shared_sessions = host.store().changes().is_some();
     let mcp = Mcp {
         disclosure: Arc::new(Disclosure::new(host.clone(), options.disclosure)),
+        listings: Arc::default(),
         config: StreamableHttpServerConfig::default()
             .with_cancellation_token(stopping.stopped)
             .with_max_request_body_bytes(MAX_REQUEST_BYTES)
