@@ -5,7 +5,7 @@
 //! pipeline apply exactly as to a direct call.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -78,8 +78,9 @@ impl Default for DisclosureConfig {
 pub struct Disclosure {
     host: Arc<Host>,
     config: DisclosureConfig,
-    /// Each tenant's search index, with the host generation it was built at.
-    indexes: Mutex<HashMap<String, Arc<TenantIndex>>>,
+    /// Each tenant's search index, with the host generation it was built at; at most
+    /// [`INDEXED_TOOLS`] tools in all, the least used giving way.
+    indexes: quick_cache::sync::Cache<String, Arc<TenantIndex>, ByTools>,
     /// With a search model: its vectors of tool texts, kept in memory and in the store.
     tool_vectors: Option<Arc<ToolVectors>>,
     /// Each bridge's own input schema, compiled once: a bridge checks its arguments as any
@@ -91,6 +92,19 @@ struct TenantIndex {
     generation: (u64, u64),
     specs: Vec<ToolSpec>,
     index: Index,
+}
+
+/// Tools in the search indexes kept for all tenants together (a few KiB each: its spec, its
+/// postings and its vector). A tenant whose index gave way builds it again at its next search.
+const INDEXED_TOOLS: u64 = 50_000;
+
+#[derive(Clone)]
+struct ByTools;
+
+impl quick_cache::Weighter<String, Arc<TenantIndex>> for ByTools {
+    fn weight(&self, _tenant: &String, index: &Arc<TenantIndex>) -> u64 {
+        index.specs.len() as u64 + 1
+    }
 }
 
 impl Disclosure {
@@ -111,7 +125,7 @@ impl Disclosure {
         Disclosure {
             host,
             config,
-            indexes: Mutex::default(),
+            indexes: quick_cache::sync::Cache::with_weighter(256, INDEXED_TOOLS, ByTools),
             tool_vectors,
             bridge_args,
         }
@@ -120,9 +134,8 @@ impl Disclosure {
     /// The tenant's index, rebuilt only when the host's tools changed since it was built.
     async fn index(&self, tenant: &str) -> Arc<TenantIndex> {
         let generation = self.host.generation();
-        let indexes = || self.indexes.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(cached) = indexes().get(tenant).filter(|c| c.generation == generation) {
-            return cached.clone();
+        if let Some(cached) = (self.indexes.get(tenant)).filter(|c| c.generation == generation) {
+            return cached;
         }
         // Built outside the lock and off the async workers: with a contextual encoder a build
         // takes seconds, and other tenants' searches and calls must not wait for it.
@@ -139,7 +152,7 @@ impl Disclosure {
             specs,
             index,
         });
-        indexes().insert(tenant.to_owned(), built.clone());
+        self.indexes.insert(tenant.to_owned(), built.clone());
         built
     }
 
