@@ -137,7 +137,7 @@ impl Disclosure {
         if let Some(cached) = (self.indexes.get(tenant)).filter(|c| c.generation == generation) {
             return cached;
         }
-        // Built outside the lock and off the async workers: with a contextual encoder a build
+        // Built outside the cache and off the async workers: with a contextual encoder a build
         // takes seconds, and other tenants' searches and calls must not wait for it.
         let specs: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
         let (vectors, listed) = (self.tool_vectors.clone(), specs.clone());
