@@ -341,3 +341,36 @@ fn knows_structured_output(context: &RequestContext<RoleServer>) -> bool {
         .protocol_version()
         .is_none_or(|version| version.as_str() >= "2025-06-18")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing(json_bytes: u64) -> Arc<Listing> {
+        Arc::new(Listing {
+            generation: (0, 0),
+            tools: Vec::new(),
+            json_bytes,
+        })
+    }
+
+    #[test]
+    fn a_tenant_with_a_huge_listing_does_not_push_out_the_others() {
+        let listings = Listings::default();
+        for tenant in 0..100 {
+            listings
+                .cache
+                .insert(format!("small-{tenant}"), listing(10_000));
+        }
+        listings
+            .cache
+            .insert("huge".into(), listing(LISTINGS_JSON_BYTES));
+        assert!(
+            listings.cache.get("huge").is_none(),
+            "over the bound: not kept"
+        );
+        let kept = (0..100).filter(|t| listings.cache.get(&format!("small-{t}")).is_some());
+        assert_eq!(kept.count(), 100);
+        assert!(listings.cache.weight() <= LISTINGS_JSON_BYTES);
+    }
+}
