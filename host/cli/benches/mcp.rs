@@ -3,9 +3,9 @@
 //!
 //! The real binary on a fresh data directory, `text_stats` installed for one tenant. One
 //! client sends one request after another: over stdio (`toolhost mcp`) a `ping`, a
-//! `tools/call` of `text_stats` and a `tools/list`; over Streamable HTTP (`toolhost serve`, one kept-alive
-//! connection, an initialized session) the same two, and the same call on the REST route, the
-//! peer an MCP call is held to. Printed: p50 and p99 of each; per request, the server's context
+//! `tools/call` of `text_stats` and a `tools/list`; over Streamable HTTP (`toolhost serve`, one
+//! kept-alive connection, an initialized session) the ping and the call, and the same call on
+//! the REST route, the peer an MCP call is held to. Printed: p50 and p99 of each; per request, the server's context
 //! switches (its threads' hand-offs, which this VM's timings hide in noise) and the CPU time its
 //! threads ran (the rest of a round trip is the client, the kernel and waiting to be woken);
 //! and call − ping per transport, for each placement of the client and the servers (one core,

@@ -204,8 +204,14 @@ pub struct SharedSpecs {
 }
 
 impl SharedSpecs {
+    /// `entries` as read, one at a time, each spec shared with an equal one read before it.
+    pub fn collect(entries: impl Iterator<Item = ToolEntry>) -> Vec<ToolEntry> {
+        let mut specs = SharedSpecs::default();
+        entries.map(|entry| specs.share(entry)).collect()
+    }
+
     /// `entry`, each of its versions pointing at an equal spec seen before for the same code.
-    pub fn share(&mut self, mut entry: ToolEntry) -> ToolEntry {
+    fn share(&mut self, mut entry: ToolEntry) -> ToolEntry {
         for version in &mut entry.versions {
             self.share_spec(&version.component, &mut version.spec);
         }

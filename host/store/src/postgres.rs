@@ -476,10 +476,7 @@ impl Store for PgStore {
                 .await
                 .map_err(backend)?;
         let read = rows.len();
-        let mut specs = SharedSpecs::default();
-        let entries = readable("tool record", rows)
-            .map(|(_, e)| specs.share(e))
-            .collect();
+        let entries = SharedSpecs::collect(readable("tool record", rows).map(|(_, e)| e));
         Ok(ToolRecords::of(read, entries))
     }
 
@@ -491,10 +488,9 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(backend)?;
-        let mut specs = SharedSpecs::default();
-        Ok(readable("tool record", rows)
-            .map(|(_, e)| specs.share(e))
-            .collect())
+        Ok(SharedSpecs::collect(
+            readable("tool record", rows).map(|(_, e)| e),
+        ))
     }
 
     async fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {

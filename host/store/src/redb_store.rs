@@ -496,19 +496,15 @@ impl RedbFile {
     fn tool_entries(&self) -> Result<ToolRecords> {
         let records = self.scan(TOOLS, b"")?;
         let read = records.len();
-        let mut specs = SharedSpecs::default();
-        let entries = readable(records, "tool record")
-            .map(|(_, e)| specs.share(e))
-            .collect();
+        let entries = SharedSpecs::collect(readable(records, "tool record").map(|(_, e)| e));
         Ok(ToolRecords::of(read, entries))
     }
 
     fn tool_entries_of(&self, tenant: &str) -> Result<Vec<ToolEntry>> {
         let entries = self.scan(TOOLS, &[tenant.as_bytes(), b"\0"].concat())?;
-        let mut specs = SharedSpecs::default();
-        Ok(readable(entries, "tool record")
-            .map(|(_, e)| specs.share(e))
-            .collect())
+        Ok(SharedSpecs::collect(
+            readable(entries, "tool record").map(|(_, e)| e),
+        ))
     }
 
     fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()> {
