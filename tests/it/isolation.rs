@@ -176,8 +176,9 @@ async fn an_install_passes_the_tenants_gates_like_a_call() {
         .expect("admitted once the call ended");
 }
 
-/// The code a tenant's kept versions hold is capped: each distinct component once, so a new
-/// version of the same component adds nothing, and removing tools makes room.
+/// The code a tenant's kept versions hold is capped: each distinct component once (with each
+/// version's spec), so a new version of the same component adds only its specs, and removing
+/// tools makes room.
 #[tokio::test]
 async fn installs_stop_at_the_tenants_code_quota() {
     let host = Host::open(crate::plugins::config()).await.unwrap();
@@ -193,7 +194,7 @@ async fn installs_stop_at_the_tenants_code_quota() {
     host.install("acme", small.clone()).await.unwrap();
     host.install("acme", small.clone())
         .await
-        .expect("a second version of the same component adds no bytes");
+        .expect("a second version of the same component adds only its specs");
     let refused = host.install("acme", large.clone()).await.unwrap_err();
     assert!(
         matches!(refused, InstallError::CodeQuota { used, quota: q } if q == quota && used > quota),
@@ -217,6 +218,42 @@ async fn installs_stop_at_the_tenants_code_quota() {
     host.install("acme", large)
         .await
         .expect("removing the tool made room");
+}
+
+/// Specs count against the code quota too: HTTP tools that share one request definition
+/// (stored once) were free, so a tenant could add any number of them.
+#[tokio::test]
+async fn http_tools_over_one_request_stop_at_the_code_quota() {
+    let host = Host::open(crate::plugins::config()).await.unwrap();
+    let policy = serde_json::from_value(json!({ "code_quota_bytes": 64 * 1024 })).unwrap();
+    host.set_policy("acme", policy).await.unwrap();
+    let def = |name: String| {
+        serde_json::from_value::<toolhost::http_tool::HttpToolDef>(json!({
+            "spec": {"name": name, "description": "d".repeat(1000), "parameters": {"type": "object"}},
+            "request": {"method": "get", "url": "http://example.com/"}
+        }))
+        .unwrap()
+    };
+    let mut installed = 0;
+    let refused = loop {
+        match host
+            .install_http("acme", def(format!("t{installed}")))
+            .await
+        {
+            Ok(_) => installed += 1,
+            Err(refused) => break refused,
+        }
+        assert!(installed < 1000, "never refused");
+    };
+    assert!(
+        matches!(refused, InstallError::CodeQuota { quota, .. } if quota == 64 * 1024),
+        "{refused}"
+    );
+    // Each spec is a little over 1 KB of JSON.
+    assert!((40..64).contains(&installed), "{installed} installed");
+    host.install_http("globex", def("t0".into()))
+        .await
+        .expect("another tenant has its own quota");
 }
 
 /// Live instances never hold more than the host's memory budget together: calls past it wait

@@ -1045,6 +1045,12 @@ async fn every_protocol_version_lists_and_calls_every_example_tool_on_both_trans
                 .unwrap();
             let tools = &listed["result"]["tools"];
             assert_eq!(sorted_names(tools), example_names(), "{how}: {listed}");
+            // A cursor is the client's text: past the end is an empty last page.
+            let past_end = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list",
+                "params": {"cursor": usize::MAX.to_string()}});
+            let page = session.send(past_end).await.unwrap();
+            assert_eq!(page["result"]["tools"], json!([]), "{how}: {page}");
+            assert!(page["result"].get("nextCursor").is_none(), "{how}: {page}");
             let tools = tools.as_array().unwrap();
             let calls = example_calls();
             assert!(

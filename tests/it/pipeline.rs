@@ -237,6 +237,19 @@ async fn a_call_that_needs_approval_runs_only_once_approved() {
         "{foreign:?}"
     );
 
+    // Held calls stay in memory and in the store for an hour: their arguments are bounded.
+    let huge = call(
+        &host,
+        "acme",
+        "wire_money",
+        json!({"memo": "m".repeat(70_000)}),
+    )
+    .await;
+    assert_eq!(huge.code(), "invalid_args", "{:?}", huge.result);
+    let refusal = huge.result.unwrap_err().to_string();
+    assert!(refusal.contains("65536 bytes"), "{refusal}");
+    assert_eq!(host.pending_approvals("acme").len(), 1, "not held");
+
     let approved = host.approve("acme", call_id).await.unwrap();
     assert_eq!(approved.result, Ok(json!({"wired": 100})));
     assert_eq!(&approved.call_id, call_id);

@@ -515,7 +515,8 @@ async fn an_http_tool_installs_from_json() {
 #[tokio::test]
 async fn usage_shows_each_quota_and_what_counts_against_it() {
     let api = api().await;
-    api.host.install("acme", plugin("probe")).await.unwrap();
+    let specs = api.host.install("acme", plugin("probe")).await.unwrap();
+    let spec_bytes: usize = specs.iter().map(|s| json!(s).to_string().len()).sum();
     let (status, _) = post_json(
         &api,
         "/v1/tools/count/call",
@@ -526,7 +527,9 @@ async fn usage_shows_each_quota_and_what_counts_against_it() {
     assert_eq!(status, StatusCode::OK);
     let (status, usage) = get(&api, "/v1/usage", &api.acme).await;
     assert_eq!(status, StatusCode::OK, "{usage}");
-    assert_eq!(usage["code"]["used_bytes"], plugin("probe").len() as u64);
+    // The component once, and each of its tools' specs.
+    let code_bytes = plugin("probe").len() + spec_bytes;
+    assert_eq!(usage["code"]["used_bytes"], code_bytes as u64);
     assert_eq!(usage["code"]["quota_bytes"], 1u64 << 30);
     assert!(usage["data"]["used_bytes"].as_u64().unwrap() > 0, "{usage}");
     assert_eq!(usage["data"]["quota_bytes"], 256u64 << 20);

@@ -3,7 +3,7 @@
 //! of the host ([`Shares`]), which queues.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -15,11 +15,41 @@ use toolhost_spec::policy::TenantPolicy;
 /// calls it nests) run at once, times the weight its policy gives it; its further calls wait
 /// in the tenant's own queue, first come first served, within their own timeout. One tenant's flood queues behind itself, never in
 /// front of another tenant's calls, and with nesting at most `MAX_NESTING_DEPTH` deep it can
-/// never hold every instance slot.
+/// never hold every instance slot. The queue is bounded too ([`QUEUED_PER_PLACE`]): a waiting
+/// call holds its arguments, and one whose client has gone (an MCP request in a session runs
+/// on after its connection closes) would otherwise pile up until its timeout.
 pub struct Shares {
     per_tenant: usize,
-    /// Each tenant's queue, and the places it holds now.
-    tenants: Mutex<HashMap<String, (Arc<Semaphore>, usize)>>,
+    tenants: Mutex<HashMap<String, Share>>,
+}
+
+/// Calls of a tenant that may wait for a place, per place of its share; past that a call is
+/// refused at once.
+pub const QUEUED_PER_PLACE: usize = 32;
+
+/// One tenant's queue, the places it holds now, and the calls waiting in it.
+struct Share {
+    queue: Arc<Semaphore>,
+    places: usize,
+    waiting: Arc<AtomicUsize>,
+}
+
+/// Why a call did not get a place in its tenant's share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotEntered {
+    /// Its deadline passed while it waited.
+    Timeout,
+    /// This many of the tenant's calls were already waiting.
+    QueueFull(usize),
+}
+
+/// Counts a call among its tenant's waiting ones while it lives.
+struct Waiting(Arc<AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Shares {
@@ -30,32 +60,55 @@ impl Shares {
         }
     }
 
-    /// A place among the tenant's running call trees (`weight` shares of them), or `None` if
-    /// `deadline` passed first.
+    /// A place among the tenant's running call trees (`weight` shares of them), waiting for
+    /// one until `deadline` unless the tenant's queue is full.
     pub async fn enter(
         &self,
         tenant: &str,
         weight: u32,
         deadline: Instant,
-    ) -> Option<OwnedSemaphorePermit> {
+    ) -> Result<OwnedSemaphorePermit, NotEntered> {
         let places = self.per_tenant * weight.max(1) as usize;
-        let queue = {
+        let (queue, waiting) = {
             let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
-            let (queue, held) = tenants
-                .entry(tenant.to_owned())
-                .or_insert_with(|| (Arc::new(Semaphore::new(places)), places));
+            let share = tenants.entry(tenant.to_owned()).or_insert_with(|| Share {
+                queue: Arc::new(Semaphore::new(places)),
+                places,
+                waiting: Arc::default(),
+            });
             // A changed weight resizes the share; places in use are given up as they free.
-            if places > *held {
-                queue.add_permits(places - *held);
-                *held = places;
-            } else if places < *held {
-                *held -= queue.forget_permits(*held - places);
+            if places > share.places {
+                share.queue.add_permits(places - share.places);
+                share.places = places;
+            } else if places < share.places {
+                share.places -= share.queue.forget_permits(share.places - places);
             }
-            queue.clone()
+            (share.queue.clone(), share.waiting.clone())
         };
-        let entered = tokio::time::timeout_at(deadline.into(), queue.acquire_owned()).await;
-        // The semaphore is never closed.
-        entered.ok()?.ok()
+        if let Ok(place) = queue.clone().try_acquire_owned() {
+            return Ok(place);
+        }
+        let limit = places * QUEUED_PER_PLACE;
+        let taken = waiting.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < limit).then_some(n + 1)
+        });
+        let _waiting = match taken {
+            Ok(_) => Waiting(waiting),
+            Err(queued) => return Err(NotEntered::QueueFull(queued)),
+        };
+        match tokio::time::timeout_at(deadline.into(), queue.acquire_owned()).await {
+            Ok(Ok(place)) => Ok(place),
+            // The semaphore is never closed: only the deadline ends the wait.
+            _ => Err(NotEntered::Timeout),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Shares {
+    fn waiting(&self, tenant: &str) -> usize {
+        let tenants = self.tenants.lock().unwrap();
+        tenants[tenant].waiting.load(Ordering::Acquire)
     }
 }
 
@@ -206,16 +259,16 @@ mod tests {
         let first = shares.enter("a", 1, soon()).await.unwrap();
         let _second = shares.enter("a", 1, soon()).await.unwrap();
         assert!(
-            shares.enter("a", 1, soon()).await.is_none(),
+            shares.enter("a", 1, soon()).await.err() == Some(NotEntered::Timeout),
             "the third waits, then times out"
         );
         assert!(
-            shares.enter("b", 1, soon()).await.is_some(),
+            shares.enter("b", 1, soon()).await.is_ok(),
             "another tenant has its own"
         );
         drop(first);
         assert!(
-            shares.enter("a", 1, soon()).await.is_some(),
+            shares.enter("a", 1, soon()).await.is_ok(),
             "a place was freed"
         );
     }
@@ -234,13 +287,13 @@ mod tests {
             );
         }
         assert!(
-            shares.enter("a", 2, soon()).await.is_none(),
+            shares.enter("a", 2, soon()).await.err() == Some(NotEntered::Timeout),
             "the fifth waits"
         );
         // Back to weight 1, two places: no new call enters while two of the four still run.
         held.truncate(2);
         assert!(
-            shares.enter("a", 1, soon()).await.is_none(),
+            shares.enter("a", 1, soon()).await.err() == Some(NotEntered::Timeout),
             "two still run"
         );
         held.truncate(1);
@@ -249,9 +302,42 @@ mod tests {
             .await
             .expect("one runs, one is free");
         assert!(
-            shares.enter("a", 1, soon()).await.is_none(),
+            shares.enter("a", 1, soon()).await.err() == Some(NotEntered::Timeout),
             "both places are taken"
         );
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once_and_only_its_tenant() {
+        let shares = Arc::new(Shares::new(1));
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let running = shares.enter("a", 1, far).await.unwrap();
+        let mut waiters: Vec<_> = (0..QUEUED_PER_PLACE)
+            .map(|_| {
+                let shares = shares.clone();
+                tokio::spawn(async move { shares.enter("a", 1, far).await.is_ok() })
+            })
+            .collect();
+        while shares.waiting("a") < QUEUED_PER_PLACE {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            shares.enter("a", 1, far).await.err(),
+            Some(NotEntered::QueueFull(QUEUED_PER_PLACE)),
+            "refused without waiting for the far deadline"
+        );
+        let _b = shares
+            .enter("b", 1, far)
+            .await
+            .expect("b has its own queue");
+        // A waiter that gives up (its client went) frees its place in the queue.
+        waiters[0].abort();
+        while shares.waiting("a") == QUEUED_PER_PLACE {
+            tokio::task::yield_now().await;
+        }
+        drop(running);
+        let next = waiters.swap_remove(1);
+        assert!(next.await.unwrap(), "the first still waiting runs next");
     }
 
     #[test]

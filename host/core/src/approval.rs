@@ -2,7 +2,7 @@
 //!
 //! Written through to the store, so a restart keeps them: the app can still decide a call it
 //! was asked about before the restart. Each tenant holds at most [`MAX_PENDING_PER_TENANT`],
-//! each for at most [`PENDING_TTL`].
+//! each for at most [`PENDING_TTL`] and with at most [`MAX_HELD_ARGS_BYTES`] of arguments.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +16,9 @@ use toolhost_store::{HeldCall, Store, StoreError, now_ms};
 
 /// Calls one tenant may have waiting at once.
 pub const MAX_PENDING_PER_TENANT: usize = 1000;
+/// A held call's arguments, as JSON, are at most this many bytes: a tenant's held calls
+/// stay in memory and in the store for up to [`PENDING_TTL`].
+pub const MAX_HELD_ARGS_BYTES: u64 = 64 * 1024;
 /// A call not decided within this is dropped.
 pub const PENDING_TTL: Duration = Duration::from_secs(3600);
 
@@ -41,6 +44,11 @@ pub enum ApprovalError {
     /// The tenant has [`MAX_PENDING_PER_TENANT`] calls waiting.
     #[error("tenant already has {MAX_PENDING_PER_TENANT} calls waiting for approval")]
     TooMany,
+    /// The call's arguments are over [`MAX_HELD_ARGS_BYTES`] of JSON.
+    #[error(
+        "a call held for approval has at most {MAX_HELD_ARGS_BYTES} bytes of arguments as JSON; these are {0}"
+    )]
+    ArgsTooLarge(u64),
     /// The decision was not recorded, so the call stays pending.
     #[error("storage: {0}")]
     Store(#[from] StoreError),
@@ -101,6 +109,10 @@ impl Approvals {
         tool: &str,
         args: Value,
     ) -> Result<(), ApprovalError> {
+        let size = toolhost_spec::clip::json_bytes(&args);
+        if size > MAX_HELD_ARGS_BYTES {
+            return Err(ApprovalError::ArgsTooLarge(size));
+        }
         let _writing = self.writing.lock().await;
         let now = now_ms();
         let expired: Vec<String> = self

@@ -22,7 +22,7 @@ use toolhost_spec::spec::Limits;
 use toolhost_spec::strict;
 use toolhost_store::{SourceKind, Store, now_ms};
 
-use crate::admission::{Admission, Permit, Shares};
+use crate::admission::{Admission, NotEntered, Permit, Shares};
 use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::catalog::{Catalog, Resolved};
 use crate::config::MAX_NESTING_DEPTH;
@@ -314,11 +314,18 @@ impl Pipeline {
         let weight = weight.unwrap_or(1);
         let entered = self.shares.enter(&ctx.tenant, weight, deadline).await;
         outcome.queued = queued.elapsed();
-        let Some(place) = entered else {
-            outcome.result = Err(CallError::Timeout {
-                limit_ms: limits.timeout_ms,
-            });
-            return None;
+        let place = match entered {
+            Ok(place) => place,
+            Err(NotEntered::Timeout) => {
+                outcome.result = Err(CallError::Timeout {
+                    limit_ms: limits.timeout_ms,
+                });
+                return None;
+            }
+            Err(NotEntered::QueueFull(waiting)) => {
+                outcome.result = Err(queue_full(waiting));
+                return None;
+            }
         };
         let first = Budget {
             deadline: Some(deadline),
@@ -346,9 +353,14 @@ impl Pipeline {
             .shares
             .enter(tenant, policy.share_weight.unwrap_or(1), deadline)
             .await
-            .ok_or_else(|| InstallError::Admission {
+            .map_err(|not_entered| InstallError::Admission {
                 limit: "tenant_share",
-                message: "the tenant's share of the host stayed busy for the whole timeout".into(),
+                message: match not_entered {
+                    NotEntered::Timeout => {
+                        "the tenant's share of the host stayed busy for the whole timeout".into()
+                    }
+                    NotEntered::QueueFull(waiting) => queue_full(waiting).to_string(),
+                },
             })?;
         Ok((permit, place))
     }
@@ -365,6 +377,12 @@ impl Pipeline {
             },
             Err(ApprovalError::Store(error)) => CallError::StorageUnavailable {
                 message: format!("could not hold the call for approval: {error}"),
+            },
+            Err(error @ ApprovalError::ArgsTooLarge(_)) => CallError::InvalidArgs {
+                errors: vec![toolhost_spec::schema::ArgError {
+                    path: String::new(),
+                    message: error.to_string(),
+                }],
             },
             Err(error) => CallError::RateLimited {
                 limit: "pending approvals",
@@ -562,5 +580,16 @@ impl CallIds {
             self.prefix,
             self.next.fetch_add(1, Ordering::Relaxed)
         )
+    }
+}
+
+/// A call refused because its tenant's queue is full ([`crate::admission::QUEUED_PER_PLACE`]).
+fn queue_full(waiting: usize) -> CallError {
+    CallError::RateLimited {
+        limit: "tenant_share",
+        message: format!(
+            "the tenant already has {waiting} calls waiting for its share of the host"
+        ),
+        retry_after_ms: None,
     }
 }

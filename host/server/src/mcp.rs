@@ -217,8 +217,9 @@ impl ServerHandler for McpServer {
         }
         // `result_type` is set: required from 2026-07-28, dropped by rmcp for earlier peers.
         let mut result = ListToolsResult::with_all_items(tools);
-        result.next_cursor =
-            (start + PAGE_SIZE < listed.tools.len()).then(|| (start + PAGE_SIZE).to_string());
+        // A cursor is the client's text: one past the end gets an empty page, never a wrap.
+        let next = start.saturating_add(PAGE_SIZE);
+        result.next_cursor = (next < listed.tools.len()).then(|| next.to_string());
         Ok(result)
     }
 

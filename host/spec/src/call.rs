@@ -163,7 +163,8 @@ pub enum CallError {
         /// Which node, and when.
         message: String,
     },
-    /// The tenant is over a rate or concurrency limit of its policy; other tenants are not.
+    /// The tenant is over a rate or concurrency limit of its policy, or has as many calls
+    /// waiting as its share of the host queues; other tenants are not.
     #[error("rate limited: {message}")]
     RateLimited {
         /// The policy field whose limit was hit, such as `rate.per_minute`.

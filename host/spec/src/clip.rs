@@ -75,6 +75,22 @@ pub fn json_chars(value: &Value) -> usize {
     serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
 }
 
+/// Bytes of `value`'s compact JSON, counted as it is written, without building it.
+pub fn json_bytes(value: &impl serde::Serialize) -> u64 {
+    struct ByteCount(u64);
+    impl std::io::Write for ByteCount {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = ByteCount(0);
+    serde_json::to_writer(&mut count, value).map_or(u64::MAX, |()| count.0)
+}
+
 /// The largest string length, array length or key count anywhere in `value`.
 fn widest(value: &Value) -> usize {
     match value {

@@ -241,13 +241,18 @@ impl SharedSpecs {
     }
 }
 
-/// Bytes of code `entries` hold: the blob of every kept version, each distinct one once.
+/// Bytes of code `entries` hold: the blob of every kept version, each distinct one once, and
+/// every kept version's spec (as JSON). The specs count because a tenant can add any number
+/// of tools over one blob (HTTP tools with the same request), each with schemas of up to
+/// 64 KiB.
 pub fn code_bytes<'a>(entries: impl IntoIterator<Item = &'a ToolEntry>) -> u64 {
     let mut blobs = std::collections::HashMap::new();
+    let mut specs = 0u64;
     for version in entries.into_iter().flat_map(|entry| &entry.versions) {
         blobs.insert(&version.component, version.bytes);
+        specs = specs.saturating_add(toolhost_spec::clip::json_bytes(&*version.spec));
     }
-    blobs.values().sum()
+    blobs.values().sum::<u64>().saturating_add(specs)
 }
 
 /// An API key, stored by the sha256 of the key: the key itself is never stored.
