@@ -7,12 +7,18 @@ use axum::body::{Body, Bytes};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// The most messages one batch may hold: each runs at once.
 pub const MAX_BATCH: usize = 32;
+
+/// The bytes all answers of one batch may take together, as read from rmcp: an answer past
+/// it is an error that says to send its request alone.
+const MAX_BATCH_ANSWER_BYTES: usize = crate::server::MAX_REQUEST_BYTES * 16;
 
 /// Whether `body` is a batch (a JSON array), by its first character.
 pub(crate) fn is_batch(body: &[u8]) -> bool {
@@ -56,6 +62,8 @@ where
     if messages.iter().any(|m| m["method"] == "initialize") {
         return refused(-32600, "`initialize` may not be part of a batch");
     }
+    let budget = AtomicUsize::new(MAX_BATCH_ANSWER_BYTES);
+    let budget = &budget;
     let answers = futures::future::join_all(messages.iter().map(|message| {
         let mut request = Request::new(Body::from(message.to_string()));
         *request.method_mut() = Method::POST;
@@ -71,7 +79,7 @@ where
                 (None, Some(answer)) => answer.await,
                 (None, None) => unreachable!("one of the two is set"),
             };
-            answer_of(message, response).await
+            answer_of(message, response, budget).await
         }
     }))
     .await;
@@ -120,12 +128,19 @@ fn is_message(message: &Value) -> bool {
 
 /// The answer to one request of a batch (none for a notification or a response), read from
 /// what `/mcp` answered it alone: JSON, or the SSE stream that ends with it.
-async fn answer_of(message: &Value, response: Response) -> Option<Value> {
+async fn answer_of(message: &Value, response: Response, budget: &AtomicUsize) -> Option<Value> {
     let id = message
         .get("id")
         .filter(|_| message.get("method").is_some())?;
     let status = response.status();
-    let body = read_bounded(response.into_body()).await;
+    let Some(body) = read_within(response.into_body(), budget).await else {
+        let message = format!(
+            "the batch's answers passed {MAX_BATCH_ANSWER_BYTES} bytes: send this request alone"
+        );
+        return Some(
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": message}}),
+        );
+    };
     let text = String::from_utf8_lossy(&body);
     let found = text
         .lines()
@@ -140,15 +155,50 @@ async fn answer_of(message: &Value, response: Response) -> Option<Value> {
     }))
 }
 
-/// A body read whole, up to the size of a message.
-async fn read_bounded(body: Body) -> Bytes {
+/// A body read whole, taking its bytes from the batch's `budget`; `None` once that ran out.
+async fn read_within(body: Body, budget: &AtomicUsize) -> Option<Bytes> {
     let mut stream = body.into_data_stream();
     let mut read = Vec::new();
     while let Some(Ok(chunk)) = stream.next().await {
+        let taken = budget.fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+            left.checked_sub(chunk.len())
+        });
+        taken.ok()?;
         read.extend_from_slice(&chunk);
-        if read.len() > crate::server::MAX_REQUEST_BYTES * 16 {
-            break;
-        }
     }
-    read.into()
+    Some(read.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers of a megabyte each: a batch of 32 would have been read whole into memory.
+    #[tokio::test]
+    async fn a_batch_reads_at_most_its_budget_of_answers() {
+        let pings: Vec<Value> = (0..MAX_BATCH)
+            .map(|id| json!({"jsonrpc": "2.0", "id": id, "method": "ping"}))
+            .collect();
+        let body = serde_json::to_vec(&pings).unwrap();
+        let (parts, _) = Request::new(()).into_parts();
+        let pad = "x".repeat(crate::server::MAX_REQUEST_BYTES);
+        let one = |request: Request<Body>| {
+            let pad = pad.clone();
+            async move {
+                let bytes = axum::body::to_bytes(request.into_body(), usize::MAX).await;
+                let asked: Value = serde_json::from_slice(&bytes.unwrap()).unwrap();
+                let answer = json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"pad": pad}});
+                format!("data: {answer}\n\n").into_response()
+            }
+        };
+        let response = answer(&parts, &body, one).await;
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+        let answers: Vec<Value> = serde_json::from_slice(&bytes.unwrap()).unwrap();
+        assert_eq!(answers.len(), MAX_BATCH, "every request is answered");
+        let whole = answers.iter().filter(|a| a.get("result").is_some()).count();
+        assert!((1..16).contains(&whole), "{whole} answers read whole");
+        let refused = answers.iter().find(|a| a.get("error").is_some()).unwrap();
+        let message = refused["error"]["message"].as_str().unwrap();
+        assert!(message.contains("send this request alone"), "{message}");
+    }
 }

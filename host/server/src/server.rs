@@ -65,7 +65,7 @@ struct Mcp {
     disclosure: Arc<Disclosure>,
     listings: Arc<Listings>,
     config: StreamableHttpServerConfig,
-    sessions: Sessions,
+    sessions: Arc<Sessions>,
     /// On a store that many nodes share, sessions are kept there too, for any node to
     /// restore.
     shared_sessions: bool,
@@ -146,10 +146,10 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
             .with_cancellation_token(stopping.stopped)
             .with_max_request_body_bytes(MAX_REQUEST_BYTES)
             .with_json_response(true),
-        sessions: match shared_sessions {
+        sessions: Arc::new(match shared_sessions {
             true => Sessions::new(options.mcp_sessions).shared_in(host.store().clone()),
             false => Sessions::new(options.mcp_sessions),
-        },
+        }),
         shared_sessions,
     };
     let app = App {
@@ -344,20 +344,28 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
             } else {
                 body
             };
-            let mut response = service
-                .handle(Request::from_parts(parts, body))
+            let request = Request::from_parts(parts, body);
+            let mut response = match opening {
+                // hyper drops a request's future when its client goes: an `initialize` runs
+                // to its end regardless, so that the session rmcp opens is counted.
+                Some(opening) => tokio::spawn(async move {
+                    let response = service.handle(request).await;
+                    if let Some(id) = response.headers().get(MCP_SESSION_ID)
+                        && let Ok(id) = id.to_str()
+                    {
+                        opening.opened(id);
+                    }
+                    response
+                })
                 .await
-                .map(Body::new);
+                .unwrap_or_else(|failed| std::panic::resume_unwind(failed.into_panic())),
+                None => service.handle(request).await,
+            }
+            .map(Body::new);
             // rmcp answers 415 for a JSON body that is not a JSON-RPC message: that is a bad
             // request (the media type was right).
             if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE && json_request {
                 *response.status_mut() = StatusCode::BAD_REQUEST;
-            }
-            if let Some(opening) = opening
-                && let Some(id) = response.headers().get(MCP_SESSION_ID)
-                && let Ok(id) = id.to_str()
-            {
-                opening.opened(id);
             }
             if terminating && response.status().is_success() {
                 if let Some(id) = &session {

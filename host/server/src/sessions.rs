@@ -74,8 +74,8 @@ pub(crate) struct Sessions {
 }
 
 /// A place held for one `initialize` until its answer names the session (or it fails).
-pub(crate) struct Opening<'a> {
-    sessions: &'a Sessions,
+pub(crate) struct Opening {
+    sessions: Arc<Sessions>,
     tenant: Arc<str>,
 }
 
@@ -117,7 +117,7 @@ impl Sessions {
     }
 
     /// Holds a place for a new session of `tenant`, after closing the idle ones.
-    pub(crate) async fn admit(&self, tenant: &str) -> Result<Opening<'_>, Refused> {
+    pub(crate) async fn admit(self: &Arc<Self>, tenant: &str) -> Result<Opening, Refused> {
         let idle: Vec<(SessionId, Arc<str>)> = {
             let mut open = self.lock();
             let now = Instant::now();
@@ -158,7 +158,7 @@ impl Sessions {
         open.opening += 1;
         *open.opening_by_tenant.entry(tenant.clone()).or_default() += 1;
         Ok(Opening {
-            sessions: self,
+            sessions: self.clone(),
             tenant,
         })
     }
@@ -189,7 +189,7 @@ impl Sessions {
     }
 }
 
-impl Opening<'_> {
+impl Opening {
     /// The answer named the new session `id`.
     pub(crate) fn opened(self, id: &str) {
         let session = Session {
@@ -200,7 +200,7 @@ impl Opening<'_> {
     }
 }
 
-impl Drop for Opening<'_> {
+impl Drop for Opening {
     fn drop(&mut self) {
         let mut open = self.sessions.lock();
         open.opening -= 1;
@@ -260,7 +260,7 @@ impl SessionStore for StoredSessions {
 impl Sessions {
     /// Takes a session that another node opened (it is in `stored`) into this node's count,
     /// under the same caps as a new one; whether it is the tenant's and fits.
-    pub(crate) async fn adopt(&self, stored: &StoredSessions, id: &str) -> bool {
+    pub(crate) async fn adopt(self: &Arc<Self>, stored: &StoredSessions, id: &str) -> bool {
         let Some(state) = stored.load(id).await.ok().flatten() else {
             return false;
         };
@@ -292,7 +292,7 @@ mod tests {
 
     #[tokio::test]
     async fn caps_hold_per_tenant_and_in_all_counting_sessions_being_opened() {
-        let sessions = Sessions::new(limits(3, 2));
+        let sessions = Arc::new(Sessions::new(limits(3, 2)));
         let a1 = sessions.admit("a").await.unwrap();
         let a2 = sessions.admit("a").await.unwrap();
         assert_eq!(sessions.admit("a").await.err(), Some(Refused::Tenant(2)));
@@ -307,7 +307,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn idle_sessions_are_closed_and_free_their_place() {
-        let sessions = Sessions::new(limits(1, 1));
+        let sessions = Arc::new(Sessions::new(limits(1, 1)));
         sessions.admit("a").await.unwrap().opened("s1");
         tokio::time::advance(Duration::from_secs(59)).await;
         assert!(sessions.seen("a", "s1"));
