@@ -1197,6 +1197,35 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
     assert_eq!(open(&api.acme).await.0, StatusCode::OK);
 }
 
+/// hyper drops a request's future when its client goes. An `initialize` dropped while rmcp
+/// answers it still has the session rmcp opened counted under the caps: it was not, so a
+/// client that hung up at that moment opened sessions past them.
+#[tokio::test]
+async fn a_session_whose_client_went_during_initialize_still_counts() {
+    let api = api().await;
+    let options = toolhost_server::ServerOptions {
+        mcp_sessions: toolhost_server::sessions::SessionLimits {
+            max_sessions: 10,
+            max_per_tenant: 1,
+            idle: Duration::from_secs(60),
+        },
+        ..Default::default()
+    };
+    let router = router(api.host.clone(), options);
+    let initialize = initialize_message("gone");
+    // The key is known from here on: the request reaches rmcp in its first poll.
+    assert_eq!(get(&api, "/v1/whoami", &api.acme).await.0, StatusCode::OK);
+    let request = mcp_request("POST", &api.acme, None, initialize.clone());
+    let mut gone = Box::pin(tower::ServiceExt::oneshot(router.clone(), request));
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(gone.as_mut().poll(cx))).await;
+    assert!(first.is_pending(), "dropped before it was answered");
+    drop(gone);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, _, body) = mcp_send(&router, "POST", &api.acme, None, initialize).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(body.contains("too_many_mcp_sessions"), "{body}");
+}
+
 /// Every keyed route of the OpenAPI document against every role: a route answers 403
 /// `forbidden` exactly when the role lacks the access the route needs. A route added to the
 /// document without an entry here fails the test, so the table stays complete.
@@ -1338,6 +1367,20 @@ async fn mcp_send(
     session: Option<&str>,
     body: Value,
 ) -> (StatusCode, Option<String>, String) {
+    let request = mcp_request(method, key, session, body);
+    let response = tower::ServiceExt::oneshot(router.clone(), request)
+        .await
+        .unwrap();
+    let status = response.status();
+    let session = response
+        .headers()
+        .get("mcp-session-id")
+        .map(|id| id.to_str().unwrap().to_owned());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, session, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn mcp_request(method: &str, key: &str, session: Option<&str>, body: Value) -> Request<Body> {
     let mut request = Request::builder()
         .method(method)
         .uri("/mcp")
@@ -1349,17 +1392,7 @@ async fn mcp_send(
     if let Some(session) = session {
         request = request.header("mcp-session-id", session);
     }
-    let request = request.body(Body::from(body.to_string())).unwrap();
-    let response = tower::ServiceExt::oneshot(router.clone(), request)
-        .await
-        .unwrap();
-    let status = response.status();
-    let session = response
-        .headers()
-        .get("mcp-session-id")
-        .map(|id| id.to_str().unwrap().to_owned());
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, session, String::from_utf8_lossy(&body).into_owned())
+    request.body(Body::from(body.to_string())).unwrap()
 }
 
 /// A developer's key sets its tenant's configuration over HTTP; a secret is never shown
