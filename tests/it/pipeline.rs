@@ -634,6 +634,13 @@ async fn a_durable_call_runs_on_one_node_and_one_left_running_is_taken_up_at_res
             matches!(missing, Err(CallError::NotFound { .. })),
             "{missing:?}"
         );
+        let huge = json!({"ms": 1, "pad": "p".repeat(70_000)});
+        let refused = host.submit(&acme, "nap", huge).await;
+        assert!(
+            matches!(&refused, Err(CallError::InvalidArgs { errors })
+                if errors[0].message.contains("at most 65536 bytes")),
+            "{refused:?}"
+        );
         let id = host.submit(&acme, "nap", json!({"ms": 10})).await.unwrap();
         let wait = Duration::from_secs(10);
         let done = host.durable_call("acme", &id, wait).await.unwrap().unwrap();

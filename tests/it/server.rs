@@ -1160,20 +1160,23 @@ async fn mcp_refuses_requests_from_other_origins() {
     }
 }
 
+fn session_caps(max_sessions: usize, max_per_tenant: usize) -> toolhost_server::ServerOptions {
+    toolhost_server::ServerOptions {
+        mcp_sessions: toolhost_server::sessions::SessionLimits {
+            max_sessions,
+            max_per_tenant,
+            idle: Duration::from_secs(60),
+        },
+        ..Default::default()
+    }
+}
+
 /// Each MCP session holds memory until it ends (20,000 once took 1.1 GiB): a tenant may open
 /// only its share, the server only so many, and a session ended by its client frees its place.
 #[tokio::test]
 async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
     let api = api().await;
-    let options = toolhost_server::ServerOptions {
-        mcp_sessions: toolhost_server::sessions::SessionLimits {
-            max_sessions: 3,
-            max_per_tenant: 2,
-            idle: Duration::from_secs(60),
-        },
-        ..Default::default()
-    };
-    let router = router(api.host.clone(), options);
+    let router = router(api.host.clone(), session_caps(3, 2));
     let initialize = initialize_message("cap-test");
     let open = async |key: &str| mcp_send(&router, "POST", key, None, initialize.clone()).await;
     let (status, first, body) = open(&api.acme).await;
@@ -1203,15 +1206,7 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
 #[tokio::test]
 async fn a_session_whose_client_went_during_initialize_still_counts() {
     let api = api().await;
-    let options = toolhost_server::ServerOptions {
-        mcp_sessions: toolhost_server::sessions::SessionLimits {
-            max_sessions: 10,
-            max_per_tenant: 1,
-            idle: Duration::from_secs(60),
-        },
-        ..Default::default()
-    };
-    let router = router(api.host.clone(), options);
+    let router = router(api.host.clone(), session_caps(10, 1));
     let initialize = initialize_message("gone");
     // The key is known from here on: the request reaches rmcp in its first poll.
     assert_eq!(get(&api, "/v1/whoami", &api.acme).await.0, StatusCode::OK);

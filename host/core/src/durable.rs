@@ -300,8 +300,8 @@ impl Pipeline {
                 retry_after_ms: None,
             });
         }
-        let size = serde_json::to_string(&args).map_or(0, |json| json.len());
-        if size > MAX_DURABLE_ARGS_BYTES {
+        let size = toolhost_spec::clip::json_bytes(&args);
+        if size > MAX_DURABLE_ARGS_BYTES as u64 {
             return Err(CallError::InvalidArgs {
                 errors: vec![toolhost_spec::schema::ArgError {
                     path: String::new(),

@@ -3,12 +3,12 @@
 //! goes through rmcp on its own, at once, and the answers come back as one JSON array in the
 //! order of the requests. A batch of notifications and responses only is accepted with 202.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use axum::body::{Body, Bytes};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
