@@ -140,9 +140,8 @@ const EVENT_BOOKKEEPING_BYTES: usize = 256;
 /// The bytes one event counts against the budget: its bookkeeping, its stream's id (kept
 /// twice: in the stream's key and in the order) and its message as JSON.
 fn event_bytes(stream_id: &str, event: &ServerSseMessage) -> usize {
-    let message = (event.message.as_ref())
-        .map_or(0, |m| serde_json::to_vec(&**m).map_or(0, |json| json.len()));
-    EVENT_BOOKKEEPING_BYTES + 2 * stream_id.len() + message
+    let message = (event.message.as_ref()).map_or(0, |m| toolhost::clip::json_bytes(&**m));
+    EVENT_BOOKKEEPING_BYTES + 2 * stream_id.len() + message as usize
 }
 
 /// Why a client cannot resume after an event id.

@@ -77,7 +77,7 @@ impl McpServer {
         let tools = (self.disclosure.listing(tenant).iter())
             .map(|spec| {
                 let tool = export::tool(spec, Format::Mcp);
-                json_bytes += tool.to_string().len() as u64;
+                json_bytes += toolhost::clip::json_bytes(&tool);
                 serde_json::from_value::<Tool>(tool)
             })
             .collect::<Result<_, _>>()
