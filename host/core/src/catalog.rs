@@ -3,7 +3,6 @@
 //! are kept in memory, rebuilt from the store at start, beside the app's native tools.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -155,10 +154,34 @@ pub(crate) struct Catalog {
     entry_writes: tokio::sync::Mutex<()>,
     /// The tenant whose visible tools changed, for subscribers such as MCP sessions.
     changes: tokio::sync::broadcast::Sender<String>,
-    /// Bumped on every catalog change, so caches of listings know to rebuild.
-    generation: AtomicU64,
+    /// When each tenant's tools last changed, so that caches of one tenant's listing know
+    /// to rebuild.
+    stamps: std::sync::RwLock<ChangeStamps>,
     /// The JS runtime new JS tools are installed on, by component sha256.
     js_runtime: Option<String>,
+}
+
+/// When each tenant's tools last changed, counted in the catalog's changes. One count for
+/// all keeps a tenant's stamp from ever coming back to a value a cache was built at; a stamp
+/// per tenant keeps one tenant's installs from making the others' listings and search
+/// indexes rebuild.
+#[derive(Default)]
+struct ChangeStamps {
+    changes: u64,
+    /// Tenants whose tools never changed since the host started are at 0.
+    by_tenant: std::collections::HashMap<String, u64>,
+}
+
+impl ChangeStamps {
+    fn stamp(&mut self, tenant: &str) {
+        self.changes += 1;
+        match self.by_tenant.get_mut(tenant) {
+            Some(stamp) => *stamp = self.changes,
+            None => {
+                self.by_tenant.insert(tenant.to_owned(), self.changes);
+            }
+        }
+    }
 }
 
 /// Every tenant's tools as read from the store, before the engine they run on exists: a
@@ -216,7 +239,7 @@ impl Catalog {
             components,
             entry_writes: tokio::sync::Mutex::new(()),
             changes: tokio::sync::broadcast::channel(256).0,
-            generation: AtomicU64::new(0),
+            stamps: Default::default(),
             js_runtime: stored.js_runtime,
         }
     }
@@ -541,15 +564,20 @@ impl Catalog {
         self.changes.subscribe()
     }
 
-    pub fn generation(&self) -> (u64, u64) {
-        (
-            self.generation.load(Ordering::Acquire),
-            self.natives.generation(),
-        )
+    /// Changes whenever `tenant`'s visible tools may have changed: its own, or the natives.
+    pub fn generation(&self, tenant: &str) -> (u64, u64) {
+        let stamps = self.stamps.read().unwrap_or_else(|p| p.into_inner());
+        let own = stamps.by_tenant.get(tenant).copied().unwrap_or(0);
+        (own, self.natives.generation())
     }
 
+    /// After `tenant`'s tools changed: stamped after the change, so that a listing built
+    /// from the stamp it read holds every change up to it.
     fn changed(&self, tenant: &str) {
-        self.generation.fetch_add(1, Ordering::Release);
+        self.stamps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .stamp(tenant);
         // No receivers is fine: nobody is listening.
         let _ = self.changes.send(tenant.to_owned());
     }

@@ -255,9 +255,11 @@ impl Host {
         self.catalog.subscribe_changes()
     }
 
-    /// Changes whenever any tenant's visible tools may have changed (natives included).
-    pub fn generation(&self) -> (u64, u64) {
-        self.catalog.generation()
+    /// Changes whenever `tenant`'s visible tools may have changed (natives included), and
+    /// only then: another tenant's installs leave it as it is. For caches of what a tenant
+    /// sees, such as its listings.
+    pub fn generation(&self, tenant: &str) -> (u64, u64) {
+        self.catalog.generation(tenant)
     }
 
     /// Linked components in memory now (bounded by `max_loaded_components`).

@@ -78,7 +78,7 @@ impl Default for DisclosureConfig {
 pub struct Disclosure {
     host: Arc<Host>,
     config: DisclosureConfig,
-    /// Each tenant's search index, with the host generation it was built at; at most
+    /// Each tenant's search index, with the tenant's generation it was built at; at most
     /// [`INDEXED_TOOLS`] tools in all, the least used giving way.
     indexes: quick_cache::sync::Cache<String, Arc<TenantIndex>, ByTools>,
     /// With a search model: its vectors of tool texts, kept in memory and in the store.
@@ -131,9 +131,9 @@ impl Disclosure {
         }
     }
 
-    /// The tenant's index, rebuilt only when the host's tools changed since it was built.
+    /// The tenant's index, rebuilt only when its tools (or the natives) changed since.
     async fn index(&self, tenant: &str) -> Arc<TenantIndex> {
-        let generation = self.host.generation();
+        let generation = self.host.generation(tenant);
         if let Some(cached) = (self.indexes.get(tenant)).filter(|c| c.generation == generation) {
             return cached;
         }
@@ -367,4 +367,33 @@ fn bridges(config: &DisclosureConfig) -> Vec<ToolSpec> {
         ));
     }
     bridges
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::http_tool;
+
+    /// With a search model a build takes seconds: another tenant's install must not cost one.
+    #[tokio::test]
+    async fn only_a_change_of_its_own_tools_rebuilds_a_tenants_index() {
+        let host = Arc::new(Host::open(Default::default()).await.unwrap());
+        host.install_http("acme", http_tool("weather"))
+            .await
+            .unwrap();
+        let disclosure = Disclosure::new(host.clone(), DisclosureConfig::default());
+        let built = disclosure.index("acme").await;
+
+        host.install_http("globex", http_tool("forecast"))
+            .await
+            .unwrap();
+        assert!(Arc::ptr_eq(&built, &disclosure.index("acme").await));
+
+        host.install_http("acme", http_tool("forecast"))
+            .await
+            .unwrap();
+        let rebuilt = disclosure.index("acme").await;
+        assert!(!Arc::ptr_eq(&built, &rebuilt));
+        assert_eq!(rebuilt.specs.len(), 2);
+    }
 }

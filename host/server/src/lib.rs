@@ -15,5 +15,7 @@ pub mod listener;
 pub mod mcp;
 pub mod server;
 pub mod sessions;
+#[cfg(test)]
+mod testing;
 
 pub use server::{ServerOptions, router, serve};

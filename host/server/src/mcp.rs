@@ -65,9 +65,10 @@ impl McpServer {
         }
     }
 
-    /// The tenant's listing as MCP tools, converted again only when the host's tools changed.
+    /// The tenant's listing as MCP tools, converted again only when its tools (or the
+    /// natives) changed.
     fn listing(&self, tenant: &str) -> Result<Arc<Listing>, ErrorData> {
-        let generation = self.host.generation();
+        let generation = self.host.generation(tenant);
         if let Some(listing) = self.listings.cache.get(tenant)
             && listing.generation == generation
         {
@@ -123,7 +124,7 @@ impl Default for Listings {
     }
 }
 
-/// A tenant's listing, at the host's generation it was built at.
+/// A tenant's listing, at the tenant's generation it was built at.
 struct Listing {
     generation: (u64, u64),
     tools: Vec<Tool>,
@@ -346,6 +347,7 @@ fn knows_structured_output(context: &RequestContext<RoleServer>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::http_tool;
 
     fn listing(json_bytes: u64) -> Arc<Listing> {
         Arc::new(Listing {
@@ -353,6 +355,35 @@ mod tests {
             tools: Vec::new(),
             json_bytes,
         })
+    }
+
+    #[tokio::test]
+    async fn only_a_change_of_its_own_tools_or_the_natives_converts_a_listing_again() {
+        let host = Arc::new(Host::open(Default::default()).await.unwrap());
+        host.install_http("acme", http_tool("weather"))
+            .await
+            .unwrap();
+        let disclosure = Arc::new(Disclosure::new(host.clone(), Default::default()));
+        let server = McpServer::http(host.clone(), disclosure, Default::default());
+        let converted = server.listing("acme").unwrap();
+
+        host.install_http("globex", http_tool("forecast"))
+            .await
+            .unwrap();
+        assert!(Arc::ptr_eq(&converted, &server.listing("acme").unwrap()));
+
+        let native = toolhost::ToolSpec::new("clock", "Tells the time.", json!({"type": "object"}));
+        (host
+            .natives()
+            .register(native, |_, _, _| async { Ok(Value::Null) }))
+        .unwrap();
+        let with_native = server.listing("acme").unwrap();
+        assert_eq!(with_native.tools.len(), 2);
+
+        host.install_http("acme", http_tool("forecast"))
+            .await
+            .unwrap();
+        assert_eq!(server.listing("acme").unwrap().tools.len(), 3);
     }
 
     #[test]
