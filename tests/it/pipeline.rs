@@ -503,6 +503,19 @@ async fn a_guest_calls_another_tool_of_its_tenant_through_the_pipeline() {
     assert!(error.starts_with("denied: "), "{error}");
 }
 
+/// Parsed JSON takes many times its text: a guest's arguments for another tool are bounded
+/// as its result is, and refused unread past that.
+#[tokio::test]
+async fn a_nested_calls_arguments_past_the_result_bound_are_refused_unread() {
+    let host = probe_host().await;
+    let over = "k".repeat(toolhost::MAX_RESULT_BYTES);
+    let error = nested_error(&host, "count", json!({ "key": over })).await;
+    assert!(
+        error.starts_with("invalid_args: ") && error.contains("refused unread"),
+        "{error}"
+    );
+}
+
 #[tokio::test]
 async fn nested_calls_stop_at_the_depth_limit() {
     let host = probe_host().await;

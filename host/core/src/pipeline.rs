@@ -27,7 +27,7 @@ use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::catalog::{Catalog, Resolved};
 use crate::config::MAX_NESTING_DEPTH;
 use crate::error::InstallError;
-use crate::exec::{self, Executors, MAX_ERROR_CHARS, truncate};
+use crate::exec::{self, Executors, MAX_ERROR_CHARS, MAX_RESULT_BYTES, truncate};
 use crate::history::{CallRecord, History, kept};
 use crate::hooks::{CallHook, HookCall};
 use crate::metrics::Metrics;
@@ -521,6 +521,15 @@ impl Pipeline {
             if budget.depth >= MAX_NESTING_DEPTH {
                 return refuse(format!(
                     "denied: calls nest at most {MAX_NESTING_DEPTH} deep"
+                ));
+            }
+            // Parsed JSON takes many times its text: bounded as a result is, which is often
+            // what one tool passes another.
+            if nested.args.len() > MAX_RESULT_BYTES {
+                return refuse(format!(
+                    "invalid_args: the arguments are {} bytes of text; a nested call's over \
+                     {MAX_RESULT_BYTES} bytes are refused unread",
+                    nested.args.len()
                 ));
             }
             let Ok(args) = serde_json::from_str::<Value>(&nested.args) else {

@@ -10,6 +10,9 @@ use toolhost_store::Store;
 
 /// Each of: helper log lines (all together), stdout, stderr.
 pub const MAX_LOG_BYTES: usize = 64 * 1024;
+/// What a helper log line costs beside its text, counted against [`MAX_LOG_BYTES`]: its
+/// record (and its JSON) is not free, so a flood of empty lines stops at the cap too.
+pub const LOG_LINE_OVERHEAD_BYTES: usize = 32;
 /// The longest KV key.
 pub const MAX_KV_KEY_BYTES: usize = 256;
 /// The largest KV value.
@@ -50,6 +53,8 @@ struct LogBuffer {
     /// Every form of the secret values this call read, longest first, to redact from
     /// everything it reports.
     secrets: Vec<String>,
+    /// The secret values whose forms are in `secrets`.
+    secret_values: std::collections::HashSet<String>,
 }
 
 #[derive(Clone, Copy)]
@@ -151,8 +156,10 @@ impl Helpers {
             .await
             .map_err(storage)?;
         Ok(value.map(|v| {
-            if v.secret && !v.value.is_empty() {
-                let mut log = self.buffer();
+            let mut log = self.buffer();
+            // Once per value: a guest reading its secret in a loop must not grow the list
+            // that every line of its log is redacted with.
+            if v.secret && !v.value.is_empty() && log.secret_values.insert(v.value.clone()) {
                 log.secrets.extend(redact::forms(&v.value));
                 // Longest first across secrets too: one may hold another.
                 log.secrets
@@ -170,11 +177,12 @@ impl Helpers {
     /// Appends a line to the call's log; past the cap it is counted, not kept.
     pub fn log(&self, level: Level, message: &str) {
         let mut log = self.buffer();
-        if log.line_bytes + message.len() > MAX_LOG_BYTES {
+        let cost = LOG_LINE_OVERHEAD_BYTES + message.len();
+        if log.line_bytes + cost > MAX_LOG_BYTES {
             log.dropped_bytes += message.len() as u64;
             return;
         }
-        log.line_bytes += message.len();
+        log.line_bytes += cost;
         log.lines.push(LogLine {
             level,
             message: message.to_owned(),
@@ -353,6 +361,11 @@ mod tests {
             h.redact("error: hunter2 rejected"),
             "error: [redacted] rejected"
         );
+        let forms = h.buffer().secrets.len();
+        for _ in 0..100 {
+            h.config_get("TOKEN").await.unwrap();
+        }
+        assert_eq!(h.buffer().secrets.len(), forms, "one read's forms, not 101");
     }
 
     #[tokio::test]
@@ -382,7 +395,20 @@ mod tests {
             helpers.log(Level::Info, &line);
         }
         let log = helpers.snapshot();
-        assert_eq!(log.lines.len(), MAX_LOG_BYTES / 1000);
+        assert_eq!(
+            log.lines.len(),
+            MAX_LOG_BYTES / (1000 + LOG_LINE_OVERHEAD_BYTES)
+        );
         assert_eq!(log.dropped_bytes, (100 - log.lines.len() as u64) * 1000);
+    }
+
+    #[tokio::test]
+    async fn empty_log_lines_stop_at_the_cap_too() {
+        let helpers = Helpers::default();
+        for _ in 0..100_000 {
+            helpers.log(Level::Info, "");
+        }
+        let kept = helpers.snapshot().lines.len();
+        assert_eq!(kept, MAX_LOG_BYTES / LOG_LINE_OVERHEAD_BYTES);
     }
 }

@@ -16,26 +16,137 @@ pub const MAX_SCHEMA_COST: u64 = 10_000;
 /// How deep `$ref`s may expand inside one another.
 const MAX_REF_NESTING: usize = 64;
 
+/// What applying a schema can cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost {
+    /// Subschemas one value may visit, with every local `$ref` expanded once.
+    pub visits: u64,
+    /// `$ref`s that recur through the arguments (`items: {"$ref": "#"}`). Two or more can
+    /// meet at one value (`anyOf: [{"items": {"$ref": "#"}}, {"items": {"$ref": "#"}}]`),
+    /// and then a failing value's error report visits that many times more subschemas at
+    /// each level of the arguments: see [`Cost::report_visits`].
+    pub recursions: u64,
+}
+
+impl Cost {
+    /// An upper bound on the subschemas the error report of a value nested `depth` deep
+    /// visits. Checking validity is not bounded by this: the validator remembers each
+    /// recursion's verdict; its error report does not.
+    pub fn report_visits(&self, depth: usize) -> u64 {
+        if self.recursions < 2 {
+            return self.visits;
+        }
+        let depth = u32::try_from(depth).unwrap_or(u32::MAX);
+        (self.recursions.checked_pow(depth))
+            .and_then(|paths| paths.checked_mul(self.visits))
+            .unwrap_or(u64::MAX)
+    }
+}
+
 /// The cost of `root`, or the rule it breaks.
-pub fn check(root: &Value) -> Result<u64, String> {
+pub fn check(root: &Value) -> Result<Cost, String> {
+    refuse_other_resources(root, true)?;
     let mut walk = Walk {
         root,
         memo: HashMap::new(),
         expanding: Vec::new(),
         descents: 0,
+        recursions: 0,
     };
-    walk.schema(root)
+    let visits = walk.schema(root)?;
+    Ok(Cost {
+        visits,
+        recursions: walk.recursions,
+    })
+}
+
+/// Keywords that make a schema resolve `$ref`s where this walk cannot follow them: a
+/// subschema's `$id` moves the base of the `$ref`s below it, anchors name places without a
+/// JSON Pointer, and dynamic references pick their target at validation time. Allowed, they
+/// would hide a schema's cost from [`check`].
+const RESOLVED_ELSEWHERE: &[&str] = &[
+    "$id",
+    "id",
+    "$anchor",
+    "$dynamicAnchor",
+    "$recursiveAnchor",
+    "$dynamicRef",
+    "$recursiveRef",
+];
+
+/// Keywords whose value is a map from names (not keywords) to schemas.
+const NAMED_SCHEMAS: &[&str] = &[
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+    "dependencies",
+];
+
+/// Keywords whose value is data, not schemas.
+const DATA: &[&str] = &["const", "enum", "default", "examples", "required"];
+
+fn refuse_other_resources(schema: &Value, root: bool) -> Result<(), String> {
+    let Some(map) = schema.as_object() else {
+        return Ok(());
+    };
+    for (keyword, sub) in map {
+        let allowed_at_root = keyword == "$id" || keyword == "id";
+        if RESOLVED_ELSEWHERE.contains(&keyword.as_str()) && !(root && allowed_at_root) {
+            return Err(format!(
+                "`{keyword}` is not allowed below the top level: refer to subschemas with `$ref` and a JSON Pointer such as `#/$defs/name`"
+            ));
+        }
+        if DATA.contains(&keyword.as_str()) {
+            continue;
+        }
+        let named = NAMED_SCHEMAS.contains(&keyword.as_str());
+        match sub {
+            Value::Object(names) if named => {
+                for schema in names.values() {
+                    refuse_other_resources(schema, false)?;
+                }
+            }
+            Value::Array(schemas) => {
+                for schema in schemas {
+                    refuse_other_resources(schema, false)?;
+                }
+            }
+            schema => refuse_other_resources(schema, false)?,
+        }
+    }
+    Ok(())
+}
+
+/// The JSON Pointer a `$ref` names: `#` or `#/...`, with nothing percent-encoded, so that
+/// this walk reaches the subschema the validator does.
+fn local_pointer(reference: &str) -> Result<&str, String> {
+    match reference.strip_prefix('#') {
+        Some(pointer)
+            if (pointer.is_empty() || pointer.starts_with('/')) && !pointer.contains('%') =>
+        {
+            Ok(pointer)
+        }
+        _ => Err(format!(
+            "`$ref: {reference}` is not allowed: refer within this schema with `#` or a JSON Pointer such as `#/$defs/name`, without percent-encoding"
+        )),
+    }
 }
 
 struct Walk<'a> {
     root: &'a Value,
-    /// The cost of each `$ref` target, by JSON Pointer, once expanded.
-    memo: HashMap<String, u64>,
+    /// The cost of each `$ref` target, by JSON Pointer, once expanded, and the recursions
+    /// its expansion met.
+    memo: HashMap<String, (u64, u64)>,
     /// The `$ref` targets being expanded, each with how deep into the arguments it began.
     expanding: Vec<(String, u32)>,
     /// How many keywords that step into the arguments (`properties`, `items`, ...) enclose
     /// the schema being walked.
     descents: u32,
+    /// `$ref`s met that recur through the arguments, counting those inside each memoized
+    /// target every time it is reached.
+    recursions: u64,
 }
 
 impl Walk<'_> {
@@ -46,7 +157,7 @@ impl Walk<'_> {
         let mut total: u64 = 1;
         for (keyword, sub) in map {
             let cost = match keyword.as_str() {
-                "$ref" | "$dynamicRef" | "$recursiveRef" => self.reference(sub.as_str())?,
+                "$ref" => self.reference(sub.as_str())?,
                 "allOf" | "anyOf" | "oneOf" | "not" | "if" => self.all(sub)?.saturating_mul(2),
                 "dependentSchemas" | "then" | "else" => self.all(sub)?,
                 "properties"
@@ -93,34 +204,40 @@ impl Walk<'_> {
     }
 
     fn reference(&mut self, reference: Option<&str>) -> Result<u64, String> {
-        // Only local JSON Pointers can be followed here; anything else is resolved (within
-        // the schema) by the validator, and counted once.
-        let Some(pointer) = reference.and_then(|r| r.strip_prefix('#')) else {
+        // Not a string: the validator refuses the schema.
+        let Some(reference) = reference else {
             return Ok(1);
         };
+        let pointer = local_pointer(reference)?;
         if let Some(&(_, began)) = self.expanding.iter().find(|(p, _)| p == pointer) {
             return match began == self.descents {
                 true => Err(format!(
                     "`$ref: #{pointer}` refers back to itself without stepping into the arguments: checking would never end"
                 )),
                 // Recursion through the arguments ends with them.
-                false => Ok(1),
+                false => {
+                    self.recursions = self.recursions.saturating_add(1);
+                    Ok(1)
+                }
             };
         }
-        if let Some(&cost) = self.memo.get(pointer) {
+        if let Some(&(cost, recursions)) = self.memo.get(pointer) {
+            self.recursions = self.recursions.saturating_add(recursions);
             return Ok(cost);
         }
         let Some(target) = self.root.pointer(pointer) else {
-            return Ok(1);
+            return Err(format!("`$ref: {reference}` names nothing in this schema"));
         };
         if self.expanding.len() >= MAX_REF_NESTING {
             return Err(format!("$refs may nest at most {MAX_REF_NESTING} deep"));
         }
         self.expanding.push((pointer.to_owned(), self.descents));
+        let before = self.recursions;
         let cost = self.schema(target);
         self.expanding.pop();
         let cost = cost?;
-        self.memo.insert(pointer.to_owned(), cost);
+        let recursions = self.recursions - before;
+        self.memo.insert(pointer.to_owned(), (cost, recursions));
         Ok(cost)
     }
 }
@@ -178,7 +295,7 @@ mod tests {
             "units": {"enum": ["metric", "imperial"]},
             "tags": {"type": "array", "items": {"type": "string"}}
         }});
-        assert!(check(&schema).unwrap() < 20);
+        assert!(check(&schema).unwrap().visits < 20);
     }
 
     #[test]
@@ -211,8 +328,43 @@ mod tests {
             "name": {"type": "string"},
             "children": {"type": "array", "items": {"$ref": "#"}}
         }});
-        assert!(check(&tree).is_ok());
+        assert_eq!(check(&tree).unwrap().recursions, 1);
         let endless = json!({"type": "object", "allOf": [{"$ref": "#"}]});
         assert!(check(&endless).unwrap_err().contains("never end"));
+    }
+
+    #[test]
+    fn recursions_that_meet_at_one_value_are_counted_through_memoized_refs() {
+        let branching = json!({"type": "object", "$defs": {
+            "n": {"anyOf": [{"$ref": "#/$defs/m"}, {"$ref": "#/$defs/m"}]},
+            "m": {"type": "array", "items": {"$ref": "#/$defs/n"}}
+        }, "properties": {"a": {"$ref": "#/$defs/n"}}});
+        let cost = check(&branching).unwrap();
+        assert_eq!(cost.recursions, 2);
+        assert!(cost.report_visits(40) > MAX_SCHEMA_COST);
+        assert_eq!(cost.report_visits(3), 8 * cost.visits);
+    }
+
+    #[test]
+    fn refs_the_walk_cannot_follow_are_refused() {
+        let with = |a: Value| json!({"type": "object", "$defs": {"n": {"type": "integer"}}, "properties": {"a": a}});
+        for reference in [
+            "http://example.com/s.json",
+            "#n",
+            "#/$defs/n%20",
+            "#/$defs/missing",
+        ] {
+            assert!(
+                check(&with(json!({"$ref": reference}))).is_err(),
+                "{reference}"
+            );
+        }
+        let hidden = json!({"$id": "http://x/n", "$defs": {"k": {"type": "integer"}}});
+        assert!(check(&with(hidden)).unwrap_err().contains("`$id`"));
+        assert!(check(&with(json!({"$dynamicRef": "#n"}))).is_err());
+        // Names and data that happen to be keywords are neither.
+        let named = json!({"type": "object", "$id": "https://example.com/tool",
+            "properties": {"$id": {"type": "string", "default": {"$anchor": "x"}}}});
+        assert!(check(&named).is_ok());
     }
 }
