@@ -580,7 +580,8 @@ pub(crate) async fn call(
     let mut delay = Duration::from_millis(retry.initial_delay_ms);
     let mut attempt = 1;
     loop {
-        let result = send(&rendered, def.max_response_bytes, egress).await;
+        let tenant = helpers.tenant().unwrap_or_default();
+        let result = send(&rendered, def.max_response_bytes, (egress, tenant)).await;
         let retryable = match &result {
             Ok(r) => r.status.is_server_error() || r.status == StatusCode::TOO_MANY_REQUESTS,
             Err(AttemptError::Connection(_)) => true,
@@ -648,44 +649,47 @@ fn finish(result: Result<Response, AttemptError>, helpers: &Helpers) -> Result<V
 trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 
+/// `egress` for the tenant whose call this is.
 async fn send(
     request: &Rendered,
     max_bytes: u64,
-    egress: &EgressConfig,
+    egress: (&EgressConfig, &str),
 ) -> Result<Response, AttemptError> {
     let target = &request.url;
     let host = target.host_str().unwrap_or_default().to_owned();
     let port = target.port_or_known_default().unwrap_or(80);
     let https = target.scheme() == "https";
     let mut pinned = None;
-    let (stream, absolute_form): (Box<dyn Io>, bool) = match &request.proxy {
-        None => {
-            let tcp = connect(egress, &host, port).await?;
-            match https {
-                true => (Box::new(tls(tcp, &host).await?), false),
-                false => (Box::new(tcp), false),
+    let (stream, absolute_form): (Box<dyn Io>, bool) =
+        match &request.proxy {
+            None => {
+                let tcp = connect(egress, &host, port).await?;
+                match https {
+                    true => (Box::new(tls(tcp, &host).await?), false),
+                    false => (Box::new(tcp), false),
+                }
             }
-        }
-        Some((proxy, proxy_headers)) => {
-            // The proxy reaches the target for us: the target passes egress here, and the
-            // proxy is handed the address that passed, never the name to resolve again.
-            let checked = egress.resolve(&host, port).await.map_err(|e| match e {
+            Some((proxy, proxy_headers)) => {
+                // The proxy reaches the target for us: the target passes egress here, and the
+                // proxy is handed the address that passed, never the name to resolve again.
+                let (config, tenant) = egress;
+                let checked = config.resolve(tenant, &host, port).await.map_err(|e| match e {
                 EgressError::Private { .. } => AttemptError::Fatal(ToolError::failed(e)),
                 EgressError::Resolve { .. } => AttemptError::Connection(format!(
                     "{e} (a proxied request's target must resolve here, for egress to check it)"
                 )),
             })?[0];
-            pinned = Some(checked);
-            let proxy_host = proxy.host_str().unwrap_or_default();
-            let tcp = connect(egress, proxy_host, proxy.port().unwrap_or(80)).await?;
-            if https {
-                let tunnel = connect_tunnel(tcp, &checked.to_string(), proxy_headers).await?;
-                (Box::new(tls(tunnel, &host).await?), false)
-            } else {
-                (Box::new(tcp), true)
+                pinned = Some(checked);
+                let proxy_host = proxy.host_str().unwrap_or_default();
+                let tcp = connect(egress, proxy_host, proxy.port().unwrap_or(80)).await?;
+                if https {
+                    let tunnel = connect_tunnel(tcp, &checked.to_string(), proxy_headers).await?;
+                    (Box::new(tls(tunnel, &host).await?), false)
+                } else {
+                    (Box::new(tcp), true)
+                }
             }
-        }
-    };
+        };
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| AttemptError::Connection(format!("HTTP handshake with {host}: {e}")))?;
@@ -775,11 +779,18 @@ fn parse_retry_after(value: &str) -> Option<Duration> {
 }
 
 /// Connects to an address egress allows; a refusal is final, a failure worth a retry.
-async fn connect(egress: &EgressConfig, host: &str, port: u16) -> Result<TcpStream, AttemptError> {
-    egress.connect(host, port, None).await.map_err(|e| match e {
-        ConnectError::Refused(refused) => AttemptError::Fatal(ToolError::failed(refused)),
-        ConnectError::Failed(message) => AttemptError::Connection(message),
-    })
+async fn connect(
+    (egress, tenant): (&EgressConfig, &str),
+    host: &str,
+    port: u16,
+) -> Result<TcpStream, AttemptError> {
+    egress
+        .connect(tenant, host, port, None)
+        .await
+        .map_err(|e| match e {
+            ConnectError::Refused(refused) => AttemptError::Fatal(ToolError::failed(refused)),
+            ConnectError::Failed(message) => AttemptError::Connection(message),
+        })
 }
 
 async fn tls<S: AsyncRead + AsyncWrite + Unpin>(

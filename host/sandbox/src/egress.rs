@@ -2,15 +2,17 @@
 //! before connecting to that very address, so a name that later resolves elsewhere (DNS
 //! rebinding) cannot reach what the check refused.
 
-use std::net::{IpAddr, SocketAddr};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::str::FromStr;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 
 /// The operator's egress settings, host-wide.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,19 +156,28 @@ impl EgressConfig {
         is_public(ip) || self.allow_private.iter().any(|c| c.contains(ip))
     }
 
-    /// The addresses of `host:port` that may be connected to. Refuses the name if any of its
-    /// addresses is refused, so that which one is tried first cannot matter.
-    pub async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, EgressError> {
+    /// The addresses of `host:port` that may be connected to, looked up for `tenant`'s call.
+    /// Refuses the name if any of its addresses is refused, so that which one is tried first
+    /// cannot matter.
+    pub async fn resolve(
+        &self,
+        tenant: &str,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, EgressError> {
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let addresses: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
             Ok(ip) => vec![SocketAddr::new(ip, port)],
-            Err(_) => tokio::net::lookup_host((bare, port))
-                .await
-                .map_err(|e| EgressError::Resolve {
+            Err(_) => {
+                let name = bare.to_owned();
+                let looked_up = LOOKUPS.run(tenant, move || {
+                    (name.as_str(), port).to_socket_addrs().map(Vec::from_iter)
+                });
+                looked_up.await.map_err(|e| EgressError::Resolve {
                     host: host.to_owned(),
                     reason: e.to_string(),
                 })?
-                .collect(),
+            }
         };
         if addresses.is_empty() {
             return Err(EgressError::Resolve {
@@ -184,6 +195,61 @@ impl EgressConfig {
     }
 }
 
+/// Name lookups at once in the process. A lookup is `getaddrinfo` on one of tokio's blocking
+/// threads, which the store and the file system need too, and it blocks for as long as the
+/// name server takes, even after the call that asked has ended.
+pub const MAX_LOOKUPS: usize = 64;
+/// Name lookups at once for one tenant: names whose server never answers hold only their own
+/// tenant's places.
+pub const MAX_LOOKUPS_PER_TENANT: usize = 8;
+
+static LOOKUPS: LazyLock<Lookups> =
+    LazyLock::new(|| Lookups::new(MAX_LOOKUPS, MAX_LOOKUPS_PER_TENANT));
+
+/// The places for blocking name lookups: the process's, and each tenant's.
+struct Lookups {
+    all: Arc<Semaphore>,
+    per_tenant: usize,
+    /// One entry per tenant that ever looked a name up.
+    by_tenant: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl Lookups {
+    fn new(all: usize, per_tenant: usize) -> Self {
+        Lookups {
+            all: Arc::new(Semaphore::new(all)),
+            per_tenant,
+            by_tenant: Mutex::default(),
+        }
+    }
+
+    fn places_of(&self, tenant: &str) -> Arc<Semaphore> {
+        let mut tenants = (self.by_tenant.lock()).unwrap_or_else(|poisoned| poisoned.into_inner());
+        (tenants.entry(tenant.to_owned()))
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_tenant)))
+            .clone()
+    }
+
+    /// Runs `lookup` on a blocking thread once `tenant` and the process have a place for it.
+    /// The places are held until it returns, whether or not its caller still waits.
+    async fn run<T: Send + 'static>(
+        &self,
+        tenant: &str,
+        lookup: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let own = self.places_of(tenant);
+        let closed = "lookup places are never closed";
+        let own = own.acquire_owned().await.expect(closed);
+        let any = self.all.clone().acquire_owned().await.expect(closed);
+        tokio::task::spawn_blocking(move || {
+            let _places = (own, any);
+            lookup()
+        })
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
+    }
+}
+
 /// Why a connection was not made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -196,20 +262,25 @@ pub enum ConnectError {
 }
 
 impl EgressConfig {
-    /// Connects to `host:port`, resolved once and checked address by address. `granted_ip`
-    /// is an address the caller's grant names explicitly, allowed even if non-public.
+    /// Connects to `host:port` for `tenant`'s call, resolved once and checked address by
+    /// address. `granted_ip` is an address the caller's grant names explicitly, allowed even
+    /// if non-public.
     pub async fn connect(
         &self,
+        tenant: &str,
         host: &str,
         port: u16,
         granted_ip: Option<IpAddr>,
     ) -> Result<TcpStream, ConnectError> {
         let addresses = match granted_ip {
             Some(ip) => vec![SocketAddr::new(ip, port)],
-            None => self.resolve(host, port).await.map_err(|e| match e {
-                EgressError::Private { .. } => ConnectError::Refused(e),
-                EgressError::Resolve { .. } => ConnectError::Failed(e.to_string()),
-            })?,
+            None => self
+                .resolve(tenant, host, port)
+                .await
+                .map_err(|e| match e {
+                    EgressError::Private { .. } => ConnectError::Refused(e),
+                    EgressError::Resolve { .. } => ConnectError::Failed(e.to_string()),
+                })?,
         };
         let mut last = None;
         for address in addresses {
@@ -315,16 +386,63 @@ mod tests {
     #[tokio::test]
     async fn resolution_refuses_private_addresses_unless_allowed() {
         let closed = EgressConfig::default();
-        let refused = closed.resolve("127.0.0.1", 80).await.unwrap_err();
+        let refused = closed.resolve("acme", "127.0.0.1", 80).await.unwrap_err();
         assert!(matches!(refused, EgressError::Private { .. }));
         assert!(refused.to_string().contains("egress.allow_private"));
-        assert!(closed.resolve("localhost", 80).await.is_err());
+        assert!(closed.resolve("acme", "localhost", 80).await.is_err());
         let open = EgressConfig {
             allow_private: vec!["127.0.0.0/8".parse().unwrap(), "::1".parse().unwrap()],
         };
         assert_eq!(
-            open.resolve("127.0.0.1", 8080).await.unwrap(),
+            open.resolve("acme", "127.0.0.1", 8080).await.unwrap(),
             ["127.0.0.1:8080".parse().unwrap()]
         );
+        assert_eq!(
+            open.resolve("acme", "localhost", 8080).await.unwrap()[0].port(),
+            8080
+        );
+    }
+
+    /// A name server that never answers holds a lookup's blocking thread past its call: one
+    /// tenant's such names fill its own places, not the process's threads.
+    #[tokio::test]
+    async fn a_tenants_stuck_lookups_hold_its_own_places_only() {
+        use std::time::Duration;
+        use tokio::time::timeout;
+        let lookups = Lookups::new(3, 2);
+        let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stuck = || {
+            let answered = answered.clone();
+            move || {
+                while !answered.load(std::sync::atomic::Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        };
+        let gave_up = Duration::from_millis(20);
+        for _ in 0..2 {
+            assert!(
+                timeout(gave_up, lookups.run("acme", stuck()))
+                    .await
+                    .is_err()
+            );
+        }
+        // acme's callers gave up, but its places stay taken until the lookups return.
+        assert!(timeout(gave_up, lookups.run("acme", || 1)).await.is_err());
+        assert_eq!(lookups.run("globex", || 2).await, 2);
+        // The process's last place goes to a stuck lookup of globex's; then no one's runs.
+        assert!(
+            timeout(gave_up, lookups.run("globex", stuck()))
+                .await
+                .is_err()
+        );
+        assert!(
+            timeout(gave_up, lookups.run("initech", || 3))
+                .await
+                .is_err()
+        );
+        answered.store(true, std::sync::atomic::Ordering::Release);
+        assert_eq!(lookups.run("acme", || 4).await, 4);
+        assert_eq!(lookups.run("initech", || 5).await, 5);
     }
 }

@@ -92,6 +92,11 @@ impl Helpers {
             .ok_or_else(|| HelperError("helpers are available only during a tool call".into()))
     }
 
+    /// The tenant whose call these helpers serve; none outside a call.
+    pub fn tenant(&self) -> Option<&str> {
+        self.scope.as_deref().map(|scope| scope.tenant.as_str())
+    }
+
     /// This tool's value for `key`, for this tenant.
     pub async fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, HelperError> {
         let scope = self.scope()?;

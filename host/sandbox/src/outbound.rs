@@ -72,13 +72,17 @@ impl WasiHttpHooks for Outbound {
             let https = uri.scheme_str() == Some("https");
             let host = uri.host().unwrap_or_default().to_owned();
             let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-            let tcp = egress.connect(&host, port, granted_ip).await.map_err(|e| {
-                helpers.log(Level::Warn, &format!("outbound request to {uri}: {e}"));
-                match e {
-                    ConnectError::Refused(_) => Error::DestinationIpProhibited,
-                    ConnectError::Failed(_) => Error::ConnectionRefused,
-                }
-            })?;
+            let tenant = helpers.tenant().unwrap_or_default();
+            let tcp = egress
+                .connect(tenant, &host, port, granted_ip)
+                .await
+                .map_err(|e| {
+                    helpers.log(Level::Warn, &format!("outbound request to {uri}: {e}"));
+                    match e {
+                        ConnectError::Refused(_) => Error::DestinationIpProhibited,
+                        ConnectError::Failed(_) => Error::ConnectionRefused,
+                    }
+                })?;
             let stream: Box<dyn Io> = if https {
                 let name = host.trim_start_matches('[').trim_end_matches(']');
                 Box::new(
