@@ -181,12 +181,12 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
         |mut store, (fd, offset): (Resource<Descriptor>, u64)| {
             Box::new(async move {
                 let (quota, mut view) = filesystem(store.data_mut());
-                let file_size = match &quota {
-                    Some(_) => size(&mut view, &fd).await,
-                    None => 0,
+                let file = match view.table.get(&fd) {
+                    Ok(Descriptor::File(file)) => Some(file.file.clone()),
+                    _ => None,
                 };
                 let stream = HostDescriptor::write_via_stream(&mut view, fd, offset);
-                let stream = charged(&mut view, stream, quota, Some((offset, file_size)))?;
+                let stream = charged(&mut view, stream, quota, file.map(|file| (offset, file)))?;
                 Ok((error_code(&mut view, stream)?,))
             })
         },
@@ -300,7 +300,7 @@ fn charged(
     view: &mut WasiFilesystemCtxView<'_>,
     stream: FsResult<Resource<DynOutputStream>>,
     quota: Option<FilesQuota>,
-    position: Option<(u64, u64)>,
+    position: Option<(u64, Arc<std::fs::File>)>,
 ) -> wasmtime::Result<FsResult<Resource<DynOutputStream>>> {
     let (Ok(stream), Some(quota)) = (&stream, quota) else {
         return Ok(stream);
@@ -320,23 +320,26 @@ fn charged(
 struct ChargedStream {
     inner: DynOutputStream,
     quota: FilesQuota,
-    /// Where the next write lands and the file's size as far as known; `None`: appending.
-    position: Option<(u64, u64)>,
+    /// Where the next write lands, in which file; `None`: appending.
+    position: Option<(u64, Arc<std::fs::File>)>,
 }
 
 impl ChargedStream {
-    /// Bytes a write of `len` adds to the file.
+    /// Bytes a write of `len` adds to the file. Its size is read at each write: it may have
+    /// shrunk through another handle, and been refunded, since the stream was opened.
     fn growth(&self, len: u64) -> u64 {
-        match self.position {
-            Some((at, size)) => at.saturating_add(len).saturating_sub(size),
+        match &self.position {
+            Some((at, file)) => {
+                let size = file.metadata().map_or(0, |m| m.len());
+                at.saturating_add(len).saturating_sub(size)
+            }
             None => len,
         }
     }
 
     fn advance(&mut self, len: u64) {
-        if let Some((at, size)) = &mut self.position {
+        if let Some((at, _)) = &mut self.position {
             *at = at.saturating_add(len);
-            *size = (*size).max(*at);
         }
     }
 
@@ -414,5 +417,56 @@ mod tests {
         budget.recounted(10);
         assert!(!budget.refused_since_recount());
         assert_eq!(budget.charge(90), Ok(()));
+    }
+
+    /// Writes through to a file at a position, as wasmtime-wasi's file stream does.
+    struct FileAt(Arc<std::fs::File>, u64);
+
+    #[wasmtime_wasi::async_trait]
+    impl Pollable for FileAt {
+        async fn ready(&mut self) {}
+    }
+
+    #[wasmtime_wasi::async_trait]
+    impl OutputStream for FileAt {
+        fn write(&mut self, bytes: Bytes) -> Result<(), StreamError> {
+            use std::os::unix::fs::FileExt;
+            let failed = |e: std::io::Error| StreamError::LastOperationFailed(e.into());
+            self.0.write_all_at(&bytes, self.1).map_err(failed)?;
+            self.1 += bytes.len() as u64;
+            Ok(())
+        }
+        fn flush(&mut self) -> Result<(), StreamError> {
+            Ok(())
+        }
+        fn check_write(&mut self) -> Result<usize, StreamError> {
+            Ok(usize::MAX)
+        }
+    }
+
+    /// A stream opened on a full file, which then shrank through `set-size` (and was
+    /// refunded), must charge what it writes back: the file's size is read at each write.
+    #[test]
+    fn a_stream_charges_growth_from_the_files_size_at_each_write() {
+        const SIZE: u64 = 4096;
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        file.set_len(SIZE).unwrap();
+        let budget = Arc::new(FilesBudget::new(10 * SIZE, SIZE));
+        let quota = FilesQuota {
+            budget: budget.clone(),
+            helpers: crate::Helpers::default(),
+        };
+        let mut stream = ChargedStream {
+            inner: Box::new(FileAt(file.clone(), 0)),
+            quota,
+            position: Some((0, file.clone())),
+        };
+        stream.write(Bytes::from(vec![1; 100])).unwrap();
+        assert_eq!(budget.used(), SIZE, "an overwrite adds nothing");
+        file.set_len(0).unwrap();
+        budget.refund(SIZE);
+        stream.write(Bytes::from(vec![2; SIZE as usize])).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 100 + SIZE);
+        assert_eq!(budget.used(), 100 + SIZE, "the bytes on disk, all charged");
     }
 }
