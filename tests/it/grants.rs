@@ -200,6 +200,30 @@ async fn each_tenant_sees_its_own_files() {
     assert_ne!(files(&f.host, "acme"), files(&f.host, "globex"));
 }
 
+/// Each open file is a descriptor of the host's, which every call and connection share.
+#[tokio::test]
+async fn a_call_holds_a_bounded_number_of_files_open() {
+    let f = fixture(EgressConfig::default()).await;
+    let rw = json!({"fs_*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}});
+    grant(&f.host, "acme", rw).await;
+    let write = json!({"path": "/d/f", "text": "x"});
+    probe(&f.host, "acme", "fs_write", write).await.unwrap();
+    let hold = |count: usize| json!({"path": "/d/f", "count": count});
+    let out = call(&f.host, "acme", "fs_hold_open", hold(10_000)).await;
+    let held = out.result.unwrap();
+    assert_eq!(held["opened"], toolhost::sandbox::MAX_OPEN_FILES, "{held}");
+    assert!(held["error"].is_string(), "{held}");
+    let why = out.log.lines.iter().map(|l| &l.message);
+    assert!(
+        why.clone().any(|m| m.contains("at most 256 files open")),
+        "{:?}",
+        why.collect::<Vec<_>>()
+    );
+    // Closed with the call: the next has them all again.
+    let again = call(&f.host, "acme", "fs_hold_open", hold(200)).await;
+    assert_eq!(again.result.unwrap(), json!({"opened": 200}));
+}
+
 #[tokio::test]
 async fn every_write_is_charged_to_the_tenants_files_quota() {
     let f = fixture(EgressConfig::default()).await;
@@ -315,6 +339,45 @@ async fn hello_server() -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
+}
+
+/// Each connection is a descriptor of the host's: a call holds a bounded number at once.
+#[tokio::test]
+async fn a_call_holds_a_bounded_number_of_connections_open() {
+    let slow = axum::Router::new().fallback(|| async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        "late"
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, slow).await.unwrap() });
+    let f = fixture(EgressConfig::default()).await;
+    let network = json!([format!("http://127.0.0.1:{port}")]);
+    grant(&f.host, "acme", json!({"http_hold": {"network": network}})).await;
+    let hold = json!({"url": format!("http://127.0.0.1:{port}/"), "count": 40});
+    let out = call(&f.host, "acme", "http_hold", hold).await;
+    let held = out.result.unwrap();
+    let limit = toolhost::sandbox::MAX_CONNECTIONS;
+    assert_eq!(held["answered"], limit, "{held}");
+    let errors = held["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 40 - limit, "{held}");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e == "ErrorCode::ConnectionLimitReached"),
+        "{held}"
+    );
+    let why = out
+        .log
+        .lines
+        .iter()
+        .map(|l| l.message.as_str())
+        .collect::<Vec<_>>();
+    assert!(
+        why.iter()
+            .any(|m| m.contains("at most 32 connections open")),
+        "{why:?}"
+    );
 }
 
 #[tokio::test]

@@ -899,6 +899,28 @@ fn serve_runs_the_async_workers_it_is_told_to() {
     assert!(stderr.contains("--async-workers"), "{stderr}");
 }
 
+/// Connections and guests' files are each a descriptor: started under the usual soft limit,
+/// the server raises it to the hard one.
+#[test]
+fn serve_raises_its_descriptor_limit_to_the_hard_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let under = ["prlimit".to_owned(), "--nofile=512:".to_owned()];
+    let artifacts = crate::plugins::artifact_dir();
+    let server =
+        crate::process::Server::start_under(&under, &dir.path().join("data"), artifacts, &[]);
+    let server = server.unwrap();
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", server.child.id())).unwrap();
+    server.stop();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let (soft, hard) = (fields[3], fields[4]);
+    assert_ne!(soft, "512", "{line}");
+    assert_eq!(soft, hard, "{line}");
+}
+
 /// A server on a free port with `limits` on its connections: its address and its task.
 async fn serve_with(
     limits: toolhost_server::listener::ConnectionLimits,

@@ -259,6 +259,13 @@ struct Failure(u8, String);
 fn main() -> ExitCode {
     // Everything this process creates (the store's files, the admin socket) is the owner's.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    // Connections, and guests' files and connections, are each a descriptor, and the usual
+    // soft limit of 1 024 is below what the host's own bounds allow: raised to the hard
+    // limit, as Go's runtime does.
+    let descriptors = rustix::process::Resource::Nofile;
+    let mut limit = rustix::process::getrlimit(descriptors);
+    limit.current = limit.maximum;
+    let _ = rustix::process::setrlimit(descriptors, limit);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),

@@ -94,6 +94,22 @@ impl FilesBudget {
     }
 }
 
+/// Files and directories one call may hold open at once: each is a file descriptor of the
+/// host's, and a process has a bounded number of them for every call and connection.
+pub const MAX_OPEN_FILES: usize = 256;
+
+/// What a call holds open through `open-at`, each kept until the guest drops it and its
+/// streams.
+#[derive(Default)]
+pub(crate) struct OpenFiles(Vec<std::sync::Weak<std::fs::File>>);
+
+impl OpenFiles {
+    fn has_room(&mut self) -> bool {
+        self.0.retain(|file| file.strong_count() > 0);
+        self.0.len() < MAX_OPEN_FILES
+    }
+}
+
 /// One call's side of the budget: refusals are logged to the call.
 #[derive(Clone)]
 pub(crate) struct FilesQuota {
@@ -213,7 +229,15 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
             DescriptorFlags,
         )| {
             Box::new(async move {
-                let (quota, mut view) = filesystem(store.data_mut());
+                let state = store.data_mut();
+                if !state.open_files.has_room() {
+                    let refused = format!(
+                        "files: `{path}` not opened: a call may hold at most {MAX_OPEN_FILES} files open"
+                    );
+                    state.helpers.log(Level::Warn, &refused);
+                    return Ok((Err(ErrorCode::Quota),));
+                }
+                let (quota, mut view) = filesystem(state);
                 let truncated = match &quota {
                     Some(_) if open_flags.contains(OpenFlags::TRUNCATE) => {
                         sole_file_size(&mut view, &fd, path_flags, &path).await
@@ -226,7 +250,14 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
                 if let (Some(quota), Ok(_)) = (&quota, &opened) {
                     quota.budget.refund(truncated);
                 }
-                Ok((error_code(&mut view, opened)?,))
+                let held = match opened.as_ref().map(|fd| view.table.get(fd)) {
+                    Ok(Ok(Descriptor::File(file))) => Some(Arc::downgrade(&file.file)),
+                    Ok(Ok(Descriptor::Dir(dir))) => Some(Arc::downgrade(&dir.dir)),
+                    _ => None,
+                };
+                let opened = error_code(&mut view, opened)?;
+                store.data_mut().open_files.0.extend(held);
+                Ok((opened,))
             })
         },
     )?;

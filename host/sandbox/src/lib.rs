@@ -20,6 +20,8 @@ mod sandbox;
 pub mod snapshot;
 pub mod turns;
 
-pub use files::FilesBudget;
+pub use files::{FilesBudget, MAX_OPEN_FILES};
 pub use helpers::{HelperError, Helpers};
+#[cfg(feature = "wasi-http")]
+pub use outbound::MAX_CONNECTIONS;
 pub use sandbox::*;

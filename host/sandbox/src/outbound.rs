@@ -7,6 +7,7 @@ use std::sync::Arc;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::Semaphore;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 use crate::egress::{ConnectError, EgressConfig};
@@ -14,12 +15,17 @@ use crate::helpers::Helpers;
 use toolhost_spec::call::Level;
 use toolhost_spec::policy::NetworkRule;
 
+/// Connections one call may hold open at once: each is a file descriptor of the host's.
+pub const MAX_CONNECTIONS: usize = 32;
+
 /// One call's outbound HTTP: its tool's grant and the host's egress settings.
 pub struct Outbound {
     pub rules: Vec<NetworkRule>,
     pub egress: Arc<EgressConfig>,
     /// Refusals are explained in the call's log; the guest itself gets an error code.
     pub helpers: Helpers,
+    /// [`MAX_CONNECTIONS`] places, each held until its connection closes.
+    pub connections: Arc<Semaphore>,
 }
 
 type ResponseFuture = Box<
@@ -65,6 +71,13 @@ impl WasiHttpHooks for Outbound {
             );
             return Box::new(async { Err(Error::HttpRequestDenied) });
         };
+        let Ok(place) = self.connections.clone().try_acquire_owned() else {
+            helpers.log(
+                Level::Warn,
+                &format!("outbound request to {uri} refused: a call may hold at most {MAX_CONNECTIONS} connections open"),
+            );
+            return Box::new(async { Err(Error::ConnectionLimitReached) });
+        };
         // An IP literal the grant names is allowed even if non-public: that is explicit.
         let granted_ip = rule.ip();
         let egress = self.egress.clone();
@@ -99,7 +112,10 @@ impl WasiHttpHooks for Outbound {
             let path = uri.path_and_query().map_or("/", |p| p.as_str());
             *request.uri_mut() = path.parse().map_err(|_| Error::HttpRequestUriInvalid)?;
             // The connection runs on its own task, so the response can arrive.
-            let driver = tokio::spawn(connection);
+            let driver = tokio::spawn(async move {
+                let _place = place;
+                connection.await
+            });
             let response = sender.send_request(request).await?;
             let response = response.map(|body| body.map_err(Error::from).boxed_unsync());
             let io: Box<dyn Future<Output = Result<(), Error>> + Send> = Box::new(async move {

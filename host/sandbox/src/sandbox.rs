@@ -26,7 +26,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 use crate::egress::EgressConfig;
-use crate::files::{self, FilesBudget, FilesQuota};
+use crate::files::{self, FilesBudget, FilesQuota, OpenFiles};
 use crate::helpers::{Helpers, Stream};
 #[cfg(feature = "wasi-http")]
 use crate::outbound::Outbound;
@@ -76,6 +76,10 @@ pub(crate) use js_bindings::{JsRuntime, JsRuntimePre};
 
 /// The most memory one call's tables may hold, in elements.
 const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// The most WASI handles (streams, pollables, descriptors, HTTP fields, ...) one call may
+/// hold at once: each costs the host memory outside the guest's cap, and wasmtime's default
+/// allows a million.
+pub const MAX_HANDLES: usize = 16_384;
 /// Core instances, memories and tables one component may use, for sizing the pool: a Rust
 /// wasip2 component uses a handful; a componentize-js one about a dozen core instances.
 const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
@@ -792,6 +796,9 @@ pub(crate) fn new_store(
         budget,
         helpers: helpers.clone(),
     });
+    // Each handle costs the host memory outside the guest's cap.
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(MAX_HANDLES);
     let state = CallState {
         tools: permissions.tools.clone(),
         deadline,
@@ -805,8 +812,12 @@ pub(crate) fn new_store(
             rules: permissions.network.clone(),
             egress: permissions.egress.clone(),
             helpers: helpers.clone(),
+            connections: Arc::new(tokio::sync::Semaphore::new(
+                crate::outbound::MAX_CONNECTIONS,
+            )),
         },
-        table: ResourceTable::new(),
+        table,
+        open_files: OpenFiles::default(),
         log_to,
         memory: MemoryCap {
             limit: limits.memory_bytes as usize,
@@ -903,10 +914,11 @@ pub struct CallState {
     #[cfg(feature = "wasi-http")]
     outbound: Outbound,
     pub(crate) table: ResourceTable,
+    pub(crate) open_files: OpenFiles,
     /// Where stdout and stderr go: this call's log (swapped when the instance is reused).
     log_to: Arc<std::sync::Mutex<Helpers>>,
     memory: MemoryCap,
-    helpers: Helpers,
+    pub(crate) helpers: Helpers,
 }
 
 impl CallState {

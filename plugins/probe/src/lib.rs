@@ -198,6 +198,25 @@ fn fs_set_len(args: SetLenArgs, _: &Context) -> Result<Value, ToolError> {
     report(file.and_then(|f| f.set_len(args.len)))
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct HoldOpen {
+    path: String,
+    count: usize,
+}
+
+/// Opens `path` `count` times and keeps every handle until it returns: how many it got, and
+/// why the next failed.
+fn fs_hold_open(args: HoldOpen, _: &Context) -> Result<Value, ToolError> {
+    let mut held = Vec::new();
+    for _ in 0..args.count {
+        match std::fs::File::open(&args.path) {
+            Ok(file) => held.push(file),
+            Err(error) => return Ok(json!({"opened": held.len(), "error": error.to_string()})),
+        }
+    }
+    Ok(json!({ "opened": held.len() }))
+}
+
 fn fs_remove(args: PathArg, _: &Context) -> Result<Value, ToolError> {
     report(std::fs::remove_file(&args.path))
 }
@@ -210,6 +229,53 @@ fn fs_list(args: PathArg, _: &Context) -> Result<Value, ToolError> {
         names.sort();
         Ok(names)
     }))
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct HoldRequests {
+    /// `http://host:port/path`.
+    url: String,
+    count: usize,
+}
+
+/// Sends `count` GETs at once, then waits for each: how many got a response, and the
+/// errors of the rest.
+fn http_hold(args: HoldRequests, _: &Context) -> Result<Value, ToolError> {
+    use wasip2::http::{outgoing_handler, types};
+    let rest = args.url.strip_prefix("http://").unwrap_or(&args.url);
+    let (authority, path) = rest.find('/').map_or((rest, "/"), |at| rest.split_at(at));
+    let mut pending = Vec::new();
+    for _ in 0..args.count {
+        let request = types::OutgoingRequest::new(types::Fields::new());
+        let _ = request.set_scheme(Some(&types::Scheme::Http));
+        let _ = request.set_authority(Some(authority));
+        let _ = request.set_path_with_query(Some(path));
+        let body = request
+            .body()
+            .map_err(|()| ToolError::failed("body taken"))?;
+        let sent = outgoing_handler::handle(request, None);
+        let _ = types::OutgoingBody::finish(body, None);
+        pending.push(sent);
+    }
+    let (mut answered, mut errors) = (0, Vec::new());
+    for sent in &pending {
+        let answer = sent
+            .as_ref()
+            .map_err(|e| format!("{e:?}"))
+            .and_then(|future| {
+                future.subscribe().block();
+                match future.get() {
+                    Some(Ok(Ok(_response))) => Ok(()),
+                    Some(Ok(Err(e))) => Err(format!("{e:?}")),
+                    _ => Err("no answer".into()),
+                }
+            });
+        match answer {
+            Ok(()) => answered += 1,
+            Err(error) => errors.push(error),
+        }
+    }
+    Ok(json!({"answered": answered, "errors": errors}))
 }
 
 fn http_get(args: UrlArg, _: &Context) -> Result<Value, ToolError> {
@@ -354,8 +420,18 @@ export_tools!(
         "Reads a file after some milliseconds.",
         fs_read_later
     ),
+    Tool::new(
+        "fs_hold_open",
+        "Opens a file many times, keeping every handle.",
+        fs_hold_open,
+    ),
     Tool::new("fs_list", "Lists a directory.", fs_list),
     Tool::new("http_get", "Fetches a URL.", http_get),
+    Tool::new(
+        "http_hold",
+        "Sends many GETs at once, then waits for each.",
+        http_hold,
+    ),
     Tool::new("call_tool", "Calls another tool.", call_tool),
     Tool::new("call_tool_short", "Calls another tool, briefly.", call_tool).timeout_ms(500),
     Tool::new(
