@@ -1459,6 +1459,18 @@ async fn developers_set_their_tenants_configuration_over_http() {
     // Another tenant's key sees only its own.
     let (_, theirs) = get(&api, "/v1/config", &api.globex).await;
     assert_eq!(theirs["config"], json!([]));
+    // Keys are bounded: past the last, a new one is refused and a set one still changes.
+    for n in 2..toolhost::MAX_CONFIG_KEYS {
+        let key = format!("K{n}");
+        api.host.set_config("acme", &key, "v", false).await.unwrap();
+    }
+    let (status, body) = put("ONE_MORE", json!({"value": "x"})).await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{body}");
+    assert_eq!(body["error"]["code"], "quota_exceeded", "{body}");
+    assert_eq!(
+        put("REGION", json!({"value": "us"})).await.0,
+        StatusCode::NO_CONTENT
+    );
     let delete = || {
         send(
             &api,

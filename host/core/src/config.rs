@@ -18,6 +18,9 @@ pub const MAX_NESTING_DEPTH: u32 = 4;
 pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
 /// A configuration value is at most this many bytes.
 pub const MAX_CONFIG_VALUE_BYTES: usize = 64 * 1024;
+/// A tenant has at most this many configuration keys: with values of up to
+/// [`MAX_CONFIG_VALUE_BYTES`], 16 MiB of store.
+pub const MAX_CONFIG_KEYS: usize = 256;
 
 /// How a [`crate::Host`] is opened: storage, the sandbox's limits, caches and the JS runtime.
 #[derive(Debug, Clone)]

@@ -5,7 +5,9 @@ use toolhost_spec::policy::PolicyError;
 use toolhost_spec::spec::SpecError;
 use toolhost_store::StoreError;
 
-use crate::config::{MAX_CONFIG_VALUE_BYTES, MAX_JS_SOURCE_BYTES, MAX_TOOLS_PER_COMPONENT};
+use crate::config::{
+    MAX_CONFIG_KEYS, MAX_CONFIG_VALUE_BYTES, MAX_JS_SOURCE_BYTES, MAX_TOOLS_PER_COMPONENT,
+};
 
 /// Why [`crate::Host::open`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +138,11 @@ pub enum ManageError {
     /// The configuration value is too large.
     #[error("config value is {0} bytes; the limit is {MAX_CONFIG_VALUE_BYTES}")]
     ConfigValue(usize),
+    /// The tenant has as many configuration keys as it may.
+    #[error(
+        "the tenant has {MAX_CONFIG_KEYS} config keys, as many as it may: remove one to add `{0}`"
+    )]
+    TooManyConfigKeys(String),
     /// A spec breaks a rule.
     #[error(transparent)]
     Spec(#[from] SpecError),

@@ -2,10 +2,9 @@
 //! fresh sandboxed instance, an HTTP tool's request, or a native handler in its own task.
 //! Every failure becomes a [`CallError`].
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -37,9 +36,9 @@ pub(crate) struct Executors {
     /// Tenants' granted directories, and their budgets; `None` for an in-memory host.
     files: Option<TenantFiles>,
     /// Parsed HTTP request definitions by blob sha256; small, and shared by versions.
-    http_requests: Mutex<HashMap<String, Arc<HttpRequestDef>>>,
+    http_requests: ParsedBlobs<HttpRequestDef>,
     /// Stored JS sources by blob sha256.
-    js_sources: Mutex<HashMap<String, Arc<JsSource>>>,
+    js_sources: ParsedBlobs<JsSource>,
     /// JS tools pre-initialised on this node.
     js_snapshots: JsSnapshots,
     metrics: Arc<Metrics>,
@@ -60,8 +59,8 @@ impl Executors {
             store,
             egress: Arc::new(egress),
             files: files_dir.map(TenantFiles::new),
-            http_requests: Mutex::default(),
-            js_sources: Mutex::default(),
+            http_requests: ParsedBlobs::new(),
+            js_sources: ParsedBlobs::new(),
             metrics,
         }
     }
@@ -235,13 +234,12 @@ impl Executors {
     /// blobs are content-addressed, so a parsed one never goes stale.
     async fn parsed_blob<T: DeserializeOwned>(
         &self,
-        cache: &Mutex<HashMap<String, Arc<T>>>,
+        cache: &ParsedBlobs<T>,
         sha: &str,
         what: &str,
     ) -> Result<Arc<T>, String> {
-        let lock = || cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(parsed) = lock().get(sha) {
-            return Ok(parsed.clone());
+        if let Some((parsed, _)) = cache.0.get(sha) {
+            return Ok(parsed);
         }
         let bytes = self
             .store
@@ -253,8 +251,33 @@ impl Executors {
             serde_json::from_slice(&bytes)
                 .map_err(|e| format!("{what} {sha} is unreadable: {e}"))?,
         );
-        lock().insert(sha.to_owned(), parsed.clone());
+        cache
+            .0
+            .insert(sha.to_owned(), (parsed.clone(), bytes.len() as u64));
         Ok(parsed)
+    }
+}
+
+/// The text of the parsed blobs each cache keeps, all tenants together: a removed version's
+/// is never asked for again, and gives way to those in use.
+const PARSED_BLOB_BYTES: u64 = 64 << 20;
+
+/// Parsed blobs by sha256, with the length of their text, least used first out.
+struct ParsedBlobs<T>(quick_cache::sync::Cache<String, (Arc<T>, u64), ByTextBytes>);
+
+impl<T> ParsedBlobs<T> {
+    fn new() -> Self {
+        let cache = quick_cache::sync::Cache::with_weighter(1024, PARSED_BLOB_BYTES, ByTextBytes);
+        ParsedBlobs(cache)
+    }
+}
+
+#[derive(Clone)]
+struct ByTextBytes;
+
+impl<T> quick_cache::Weighter<String, (Arc<T>, u64)> for ByTextBytes {
+    fn weight(&self, _: &String, (_, bytes): &(Arc<T>, u64)) -> u64 {
+        (*bytes).max(1)
     }
 }
 
@@ -337,5 +360,21 @@ pub(crate) fn truncate(text: &str, max_chars: usize) -> String {
     match text.char_indices().nth(max_chars) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parsed_blobs_keep_a_bounded_amount_of_text() {
+        let blobs = ParsedBlobs::<String>::new();
+        for n in 0..200 {
+            let sha = format!("{n:064x}");
+            blobs.0.insert(sha, (Arc::new(String::new()), 1 << 20));
+        }
+        assert!(blobs.0.weight() <= PARSED_BLOB_BYTES);
+        assert!(blobs.0.len() < 200);
     }
 }

@@ -12,7 +12,7 @@ use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::is_valid_config_key;
 use toolhost_store::{Change, ConfigValue, KeyRecord, Store, StoreError, now_ms};
 
-use crate::config::MAX_CONFIG_VALUE_BYTES;
+use crate::config::{MAX_CONFIG_KEYS, MAX_CONFIG_VALUE_BYTES};
 use crate::error::ManageError;
 use crate::registry::is_valid_tenant;
 
@@ -64,6 +64,10 @@ impl Tenants {
         }
         if value.len() > MAX_CONFIG_VALUE_BYTES {
             return Err(ManageError::ConfigValue(value.len()));
+        }
+        let keys = self.store.config_keys(tenant).await?;
+        if keys.len() >= MAX_CONFIG_KEYS && !keys.iter().any(|k| k == key) {
+            return Err(ManageError::TooManyConfigKeys(key.to_owned()));
         }
         let value = ConfigValue {
             value: value.to_owned(),

@@ -628,6 +628,9 @@ impl From<ManageError> for ApiError {
             }
             ManageError::Store(store) => return Self::storage(store),
             ManageError::Random(_) => return Self::internal(error),
+            ManageError::TooManyConfigKeys(_) => {
+                (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded")
+            }
             _ => (StatusCode::BAD_REQUEST, "bad_request"),
         };
         Self::new(status, code, error.to_string())

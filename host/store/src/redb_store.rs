@@ -887,11 +887,18 @@ impl RedbFile {
 
     fn config_keys(&self, tenant: &str) -> Result<Vec<String>> {
         let prefix = [tenant.as_bytes(), b"\0"].concat();
-        let entries = self.scan(CONFIG, &prefix)?;
-        Ok(entries
-            .into_iter()
-            .map(|(key, _)| String::from_utf8_lossy(&key[prefix.len()..]).into_owned())
-            .collect())
+        // Keys only: each value may be 64 KiB, and every set counts the keys.
+        self.read(CONFIG, |t| {
+            let mut keys = Vec::new();
+            for entry in t.range(&prefix[..]..).map_err(backend)? {
+                let (key, _) = entry.map_err(backend)?;
+                let Some(name) = key.value().strip_prefix(&prefix[..]) else {
+                    break;
+                };
+                keys.push(String::from_utf8_lossy(name).into_owned());
+            }
+            Ok(keys)
+        })
     }
 
     fn policy(&self, tenant: &str) -> Result<Option<TenantPolicy>> {
