@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use toolhost_spec::call::{CallLog, Level, LogLine};
 
-use crate::redact::{self, redact};
+use crate::redact::Redactor;
 use toolhost_store::Store;
 
 /// Each of: helper log lines (all together), stdout, stderr.
@@ -50,11 +50,8 @@ struct LogBuffer {
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     dropped_bytes: u64,
-    /// Every form of the secret values this call read, longest first, to redact from
-    /// everything it reports.
-    secrets: Vec<String>,
-    /// The secret values whose forms are in `secrets`.
-    secret_values: std::collections::HashSet<String>,
+    /// The secret values this call read, to redact from everything it reports.
+    secrets: Redactor,
 }
 
 #[derive(Clone, Copy)]
@@ -161,14 +158,9 @@ impl Helpers {
             .await
             .map_err(storage)?;
         Ok(value.map(|v| {
-            let mut log = self.buffer();
-            // Once per value: a guest reading its secret in a loop must not grow the list
-            // that every line of its log is redacted with.
-            if v.secret && !v.value.is_empty() && log.secret_values.insert(v.value.clone()) {
-                log.secrets.extend(redact::forms(&v.value));
-                // Longest first across secrets too: one may hold another.
-                log.secrets
-                    .sort_by_key(|form| std::cmp::Reverse(form.len()));
+            if v.secret {
+                // Once per value: a guest reading its secret in a loop adds nothing.
+                self.buffer().secrets.add(&v.value);
             }
             v.value
         }))
@@ -176,7 +168,7 @@ impl Helpers {
 
     /// `text` with every secret this call read replaced.
     pub fn redact(&self, text: &str) -> String {
-        redact(&self.buffer().secrets, text)
+        self.buffer().secrets.redact(text)
     }
 
     /// Appends a line to the call's log; past the cap it is counted, not kept.
@@ -210,7 +202,7 @@ impl Helpers {
     /// The log as it stands, secrets redacted.
     pub fn snapshot(&self) -> CallLog {
         let log = self.buffer();
-        let clean = |text: &str| redact(&log.secrets, text);
+        let clean = |text: &str| log.secrets.redact(text);
         CallLog {
             lines: log
                 .lines
@@ -366,11 +358,15 @@ mod tests {
             h.redact("error: hunter2 rejected"),
             "error: [redacted] rejected"
         );
-        let forms = h.buffer().secrets.len();
+        let forms = h.buffer().secrets.forms();
         for _ in 0..100 {
             h.config_get("TOKEN").await.unwrap();
         }
-        assert_eq!(h.buffer().secrets.len(), forms, "one read's forms, not 101");
+        assert_eq!(
+            h.buffer().secrets.forms(),
+            forms,
+            "one read's forms, not 101"
+        );
     }
 
     #[tokio::test]
