@@ -1030,7 +1030,7 @@ impl Store for PgStore {
         for _ in 0..16 {
             let mut tx = self.begin_control().await?;
             let now_ms = database_now(&mut tx).await?;
-            let lease_until_ms = now_ms + lease;
+            let lease_until_ms = now_ms.saturating_add(lease);
             let row: Option<(String, String)> = sqlx::query_as(
                 // The tenant running the fewest calls first, then the oldest call: one tenant's
                 // flood of slow calls never holds every worker while another's wait.

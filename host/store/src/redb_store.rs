@@ -64,11 +64,16 @@ const SEARCH_VECTORS: Table = TableDefinition::new("search_vectors");
 const DURABLE_CALLS: Table = TableDefinition::new("durable_calls");
 /// The ids of the durable calls that have not ended: what a claim looks through.
 const DURABLE_UNENDED: Table = TableDefinition::new("durable_unended");
+/// Each tenant's ended durable calls, oldest first (`tenant \0 ended_at id`): a call that
+/// ends trims its tenant's to the newest [`crate::MAX_ENDED_KEPT`] at once, as PostgreSQL's
+/// store does, instead of letting them pile up until the next purge.
+const DURABLE_ENDED: Table = TableDefinition::new("durable_ended");
 /// Bytes of each tenant's data (KV and cache entries, keys included), kept with every write.
 const USAGE: Table = TableDefinition::new("usage");
-const TABLES: [Table; 15] = [
+const TABLES: [Table; 16] = [
     DURABLE_CALLS,
     DURABLE_UNENDED,
+    DURABLE_ENDED,
     TOOLS,
     BLOBS,
     BLOB_SHAS,
@@ -441,6 +446,47 @@ fn purge_expired(
 }
 
 /// Counts every tenant's data from its KV and cache entries.
+/// Where an ended call is in [`DURABLE_ENDED`]: its tenant's calls in the order they ended.
+fn ended_key(tenant: &str, ended_at_ms: u64, id: &[u8]) -> Vec<u8> {
+    [tenant.as_bytes(), b"\0", &ended_at_ms.to_be_bytes(), id].concat()
+}
+
+/// Indexes `call`, which has just ended, and removes its tenant's oldest ended calls past
+/// [`crate::MAX_ENDED_KEPT`]. Calls that ended before the index was kept are left to the purge.
+fn keep_newest_ended(
+    tx: &redb::WriteTransaction,
+    calls: &mut redb::Table<&[u8], &[u8]>,
+    call: &DurableCall,
+) -> std::result::Result<(), redb::Error> {
+    let ended_at_ms = match call.state {
+        DurableState::Done { ended_at_ms, .. } | DurableState::Lost { ended_at_ms, .. } => {
+            ended_at_ms
+        }
+        _ => return Ok(()),
+    };
+    let tenant = &call.caller.tenant;
+    let mut index = tx.open_table(DURABLE_ENDED)?;
+    index.insert(
+        &ended_key(tenant, ended_at_ms, call.id.as_bytes())[..],
+        &[][..],
+    )?;
+    let prefix = [tenant.as_bytes(), b"\0"].concat();
+    let mut ended = Vec::new();
+    for entry in index.range(&prefix[..]..)? {
+        let (key, _) = entry?;
+        if !key.value().starts_with(&prefix) {
+            break;
+        }
+        ended.push(key.value().to_vec());
+    }
+    let past = ended.len().saturating_sub(crate::MAX_ENDED_KEPT);
+    for key in &ended[..past] {
+        index.remove(&key[..])?;
+        calls.remove(&key[prefix.len() + 8..])?;
+    }
+    Ok(())
+}
+
 fn recount_usage(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
     let mut used: std::collections::HashMap<String, u64> = Default::default();
     for table in [KV, CACHE] {
@@ -610,6 +656,7 @@ impl RedbFile {
                     table.insert(call.id.as_bytes(), &json[..])?;
                     if call.ended() {
                         unended.remove(call.id.as_bytes())?;
+                        keep_newest_ended(tx, &mut table, &call)?;
                     }
                 }
                 if found.is_some() {
@@ -674,19 +721,20 @@ impl RedbFile {
         // Newest first: each tenant keeps its newest MAX_ENDED_KEPT.
         ended.sort_by_key(|(at, _, _)| std::cmp::Reverse(*at));
         let mut kept: std::collections::HashMap<String, usize> = Default::default();
-        let old: Vec<Vec<u8>> = ended
+        let old: Vec<(u64, String, Vec<u8>)> = ended
             .into_iter()
             .filter(|(at, tenant, _)| {
                 let count = kept.entry(tenant.clone()).or_default();
                 *count += 1;
                 *at < before_ms || *count > crate::MAX_ENDED_KEPT
             })
-            .map(|(_, _, key)| key)
             .collect();
         self.write(Commit::Durable, |tx| {
             let mut table = tx.open_table(DURABLE_CALLS)?;
-            for key in &old {
+            let mut index = tx.open_table(DURABLE_ENDED)?;
+            for (at, tenant, key) in &old {
                 table.remove(&key[..])?;
+                index.remove(&ended_key(tenant, *at, key)[..])?;
             }
             Ok(old.len())
         })

@@ -9,8 +9,8 @@ use toolhost_spec::call::Caller;
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::ToolSpec;
 use toolhost_store::{
-    Change, ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, PgOptions, PgStore,
-    RedbStore, SecretsKey, SourceKind, Store, StoreError, ToolEntry, now_ms,
+    Change, ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, MAX_ENDED_KEPT, PgOptions,
+    PgStore, RedbStore, SecretsKey, SourceKind, Store, StoreError, ToolEntry, now_ms,
 };
 
 /// A fresh, empty database on the test server, and its URL.
@@ -79,6 +79,7 @@ conformance!(
     a_durable_call_goes_to_one_claimer,
     a_stalled_durable_call_runs_again_only_while_it_has_retries,
     ended_durable_calls_are_purged,
+    a_tenant_keeps_its_newest_ended_durable_calls_as_they_end,
     a_tenant_running_fewer_durable_calls_is_served_first,
 );
 
@@ -681,6 +682,31 @@ async fn ended_durable_calls_are_purged(store: Arc<dyn Store>) {
     assert_eq!(store.durable_purge(now_ms() + 1).await.unwrap(), 1);
     assert_eq!(store.durable_get("ended").await.unwrap(), None);
     assert!(store.durable_get("waiting").await.unwrap().is_some());
+}
+
+/// Without a purge: a tenant whose calls end fast must not pile up their outcomes until the
+/// next one.
+async fn a_tenant_keeps_its_newest_ended_durable_calls_as_they_end(store: Arc<dyn Store>) {
+    let calls = MAX_ENDED_KEPT + 5;
+    let id = |n: usize| format!("c{n:05}");
+    for n in 0..calls {
+        store
+            .durable_put(&durable(&id(n), 0, n as u64))
+            .await
+            .unwrap();
+        store
+            .durable_claim("a", 10, u64::MAX)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(store.durable_finish(&id(n), "a", &json!(n)).await.unwrap());
+    }
+    let mut kept = 0;
+    for n in 0..calls {
+        kept += usize::from(store.durable_get(&id(n)).await.unwrap().is_some());
+    }
+    assert_eq!(kept, MAX_ENDED_KEPT);
+    assert!(store.durable_get(&id(calls - 1)).await.unwrap().is_some());
 }
 
 /// PostgreSQL only: a tenant's entries are locked against every node for one install, and
