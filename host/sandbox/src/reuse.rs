@@ -80,11 +80,18 @@ impl Idle {
         Waiting(&self.waiters)
     }
 
-    /// Drops the instances past their age or count. On the epoch ticker's thread, which runs
-    /// no async work: dropped there, at once.
+    /// Drops the instances past their age or count. Called on the epoch ticker's thread:
+    /// dropping an instance that grew large takes milliseconds of `madvise`, during which no
+    /// guest anywhere would see a tick (no deadline, no turn handed on), so they are dropped
+    /// on a thread of their own.
     pub fn expire(&self) {
         let expired = extract(&mut self.lock(), Kept::expired);
-        drop(expired);
+        if expired.is_empty() {
+            return;
+        }
+        let release = std::thread::Builder::new().name("toolhost-release".into());
+        // If no thread can start, the instances are dropped here: late ticks, not a leak.
+        let _ = release.spawn(move || drop(expired));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
