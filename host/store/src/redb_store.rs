@@ -446,6 +446,19 @@ fn purge_expired(
 }
 
 /// Counts every tenant's data from its KV and cache entries.
+/// What ordering the calls not ended needs of each: read without its arguments.
+#[derive(serde::Deserialize)]
+struct Unended {
+    caller: UnendedCaller,
+    created_at_ms: u64,
+    state: DurableState,
+}
+
+#[derive(serde::Deserialize)]
+struct UnendedCaller {
+    tenant: String,
+}
+
 /// Where an ended call is in [`DURABLE_ENDED`]: its tenant's calls in the order they ended.
 fn ended_key(tenant: &str, ended_at_ms: u64, id: &[u8]) -> Vec<u8> {
     [tenant.as_bytes(), b"\0", &ended_at_ms.to_be_bytes(), id].concat()
@@ -616,10 +629,13 @@ impl RedbFile {
     }
 
     /// Runs `change` on the calls not ended, oldest first (only `id`, if given), in one
-    /// transaction, writing back each it changed, until it returns a value.
+    /// transaction, writing back each it changed, until it returns a value. Calls whose state
+    /// `unchanged` rules out are passed over without reading their arguments: a claim looks
+    /// through every tenant's waiting calls, each with up to 64 KiB of them.
     fn durable_update<T>(
         &self,
         id: Option<&str>,
+        unchanged: impl Fn(&DurableState) -> bool,
         mut change: impl FnMut(&mut DurableCall) -> (bool, Option<T>),
     ) -> Result<Option<T>> {
         self.write(Commit::Durable, |tx| {
@@ -632,24 +648,30 @@ impl RedbFile {
                     .filter_map(|entry| Some(entry.ok()?.0.value().to_vec()))
                     .collect(),
             };
-            let mut calls: Vec<DurableCall> = Vec::new();
+            let mut calls: Vec<(Vec<u8>, Unended)> = Vec::new();
             for id in ids {
-                let stored = table.get(&id[..])?.map(|v| v.value().to_vec());
-                if let Some(call) = stored.and_then(|v| serde_json::from_slice(&v).ok()) {
-                    calls.push(call);
+                let stored = table.get(&id[..])?;
+                if let Some(call) = stored.and_then(|v| serde_json::from_slice(v.value()).ok()) {
+                    calls.push((id, call));
                 }
             }
             // The tenant running the fewest calls first, then the oldest call: one tenant's
             // flood of slow calls never holds every worker while another's wait.
             let mut running: std::collections::HashMap<String, usize> = Default::default();
-            for call in &calls {
+            for (_, call) in &calls {
                 if matches!(call.state, DurableState::Running { .. }) {
                     *running.entry(call.caller.tenant.clone()).or_default() += 1;
                 }
             }
-            let load = |call: &DurableCall| running.get(&call.caller.tenant).copied().unwrap_or(0);
-            calls.sort_by_key(|call| (load(call), call.created_at_ms));
-            for mut call in calls {
+            let load = |call: &Unended| running.get(&call.caller.tenant).copied().unwrap_or(0);
+            calls.sort_by_key(|(_, call)| (load(call), call.created_at_ms));
+            for (id, _) in calls.iter().filter(|(_, call)| !unchanged(&call.state)) {
+                let stored = table.get(&id[..])?.map(|v| v.value().to_vec());
+                let Some(mut call) =
+                    stored.and_then(|v| serde_json::from_slice::<DurableCall>(&v).ok())
+                else {
+                    continue;
+                };
                 let (changed, found) = change(&mut call);
                 if changed {
                     let json = serde_json::to_vec(&call).expect("a durable call serializes");
@@ -677,7 +699,10 @@ impl RedbFile {
         if self.read(DURABLE_UNENDED, |t| t.is_empty().map_err(backend))? {
             return Ok(None);
         }
-        self.durable_update(None, |call| {
+        // A call running on a live lease is left as it is: `crate::claim` takes only the
+        // waiting and the stalled.
+        let live = |state: &DurableState| matches!(state, DurableState::Running { lease_until_ms, .. } if *lease_until_ms >= now_ms);
+        self.durable_update(None, live, |call| {
             let before = call.state.clone();
             let claimed = crate::claim(call, node, now_ms, lease_until);
             (call.state != before, claimed)
@@ -686,13 +711,18 @@ impl RedbFile {
 
     /// Moves `node`'s running call `id` to `next`; whether it was `node`'s.
     fn durable_own(&self, id: &str, node: &str, next: DurableState) -> Result<bool> {
-        let owned = self.durable_update(Some(id), |call| {
-            let mine = matches!(&call.state, DurableState::Running { node: on, .. } if on == node);
-            if mine {
-                call.state = next.clone();
-            }
-            (mine, Some(mine))
-        })?;
+        let owned = self.durable_update(
+            Some(id),
+            |_| false,
+            |call| {
+                let mine =
+                    matches!(&call.state, DurableState::Running { node: on, .. } if on == node);
+                if mine {
+                    call.state = next.clone();
+                }
+                (mine, Some(mine))
+            },
+        )?;
         Ok(owned == Some(true))
     }
 
