@@ -372,15 +372,12 @@ fn bridges(config: &DisclosureConfig) -> Vec<ToolSpec> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::http_tool;
+    use crate::testing::{host_where_acme_has_a_tool, http_tool};
 
     /// With a search model a build takes seconds: another tenant's install must not cost one.
     #[tokio::test]
     async fn only_a_change_of_its_own_tools_rebuilds_a_tenants_index() {
-        let host = Arc::new(Host::open(Default::default()).await.unwrap());
-        host.install_http("acme", http_tool("weather"))
-            .await
-            .unwrap();
+        let host = host_where_acme_has_a_tool().await;
         let disclosure = Disclosure::new(host.clone(), DisclosureConfig::default());
         let built = disclosure.index("acme").await;
 

@@ -347,7 +347,7 @@ fn knows_structured_output(context: &RequestContext<RoleServer>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::http_tool;
+    use crate::testing::{host_where_acme_has_a_tool, http_tool};
 
     fn listing(json_bytes: u64) -> Arc<Listing> {
         Arc::new(Listing {
@@ -359,10 +359,7 @@ mod tests {
 
     #[tokio::test]
     async fn only_a_change_of_its_own_tools_or_the_natives_converts_a_listing_again() {
-        let host = Arc::new(Host::open(Default::default()).await.unwrap());
-        host.install_http("acme", http_tool("weather"))
-            .await
-            .unwrap();
+        let host = host_where_acme_has_a_tool().await;
         let disclosure = Arc::new(Disclosure::new(host.clone(), Default::default()));
         let server = McpServer::http(host.clone(), disclosure, Default::default());
         let converted = server.listing("acme").unwrap();
