@@ -84,8 +84,16 @@ const NAMED_SCHEMAS: &[&str] = &[
     "dependencies",
 ];
 
-/// Keywords whose value is data, not schemas.
-const DATA: &[&str] = &["const", "enum", "default", "examples", "required"];
+/// Keywords whose value is data or names, not schemas.
+const DATA: &[&str] = &[
+    "const",
+    "enum",
+    "default",
+    "examples",
+    "required",
+    "dependentRequired",
+    "$vocabulary",
+];
 
 fn refuse_other_resources(schema: &Value, root: bool) -> Result<(), String> {
     let Some(map) = schema.as_object() else {
@@ -364,7 +372,8 @@ mod tests {
         assert!(check(&with(json!({"$dynamicRef": "#n"}))).is_err());
         // Names and data that happen to be keywords are neither.
         let named = json!({"type": "object", "$id": "https://example.com/tool",
-            "properties": {"$id": {"type": "string", "default": {"$anchor": "x"}}}});
+            "properties": {"$id": {"type": "string", "default": {"$anchor": "x"}}},
+            "dependentRequired": {"id": ["$id"]}});
         assert!(check(&named).is_ok());
     }
 }
