@@ -137,6 +137,62 @@ async fn a_deep_call_of_a_branching_recursive_schema_fails_at_once() {
     assert!(error.to_string().contains("nested 41 deep"), "{error}");
 }
 
+/// `n` bytes of a and b, in no order a pattern could shortcut.
+fn scrambled_ab(n: usize) -> String {
+    let mut x: u64 = 88_172_645_463_325_252;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x & 1 == 0 { 'a' } else { 'b' }
+        })
+        .collect()
+}
+
+/// Matching a pattern cannot be stopped and can cost microseconds a byte: `a[ab]{1000}c`
+/// against 1 MiB of arguments took a worker for seconds, past any time limit. Such a check
+/// now runs on its own thread in one of its tenant's two places, and the call waits for it
+/// no longer than its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_check_outlasts_its_time_limit_ends_at_the_limit() {
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
+    let tool = |timeout_ms: u64| {
+        let spec = json!({"name": "matched", "description": "A costly pattern.",
+            "limits": {"timeout_ms": timeout_ms},
+            "parameters": {"type": "object", "properties": {
+                "text": {"type": "string", "pattern": "a[ab]{1000}c"}}}});
+        let def = json!({"spec": spec, "request": {"method": "get", "url": "http://127.0.0.1:9/"}});
+        serde_json::from_value(def).unwrap()
+    };
+    host.install_http("acme", tool(300)).await.unwrap();
+    host.install_http("globex", tool(20_000)).await.unwrap();
+    let (acme, globex) = (Caller::tenant("acme"), Caller::tenant("globex"));
+    let long = json!({ "text": scrambled_ab(1 << 20) });
+    let started = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let (host, long) = (host.clone(), long.clone());
+        calls.spawn(async move { host.call(&Caller::tenant("acme"), "matched", long).await });
+    }
+    for out in calls.join_all().await {
+        assert_eq!(out.code(), "timeout", "{:?}", out.result);
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    // acme's two checks run on, in its places: its next one waits, globex's does not.
+    let short = json!({ "text": scrambled_ab(8 << 10) });
+    let out = host.call(&acme, "matched", short.clone()).await;
+    assert_eq!(out.code(), "timeout", "{:?}", out.result);
+    let out = host.call(&globex, "matched", short).await;
+    assert_eq!(out.code(), "invalid_args", "{:?}", out.result);
+    let inline = host.call(&acme, "matched", json!({"text": "abc"})).await;
+    assert_eq!(inline.code(), "invalid_args", "{:?}", inline.result);
+}
+
 /// A result is parsed before it is clipped, and parsed JSON takes many times its text: a
 /// 100 MiB array once cost the host 5.4 GiB. Text over `MAX_RESULT_BYTES` is refused unread.
 #[tokio::test]

@@ -105,6 +105,7 @@ pub struct ToolInfo {
 }
 
 /// A tool resolved for one call.
+#[derive(Clone)]
 pub(crate) enum Resolved {
     Native(Arc<NativeTool>),
     Tenant(Arc<TenantTool>),

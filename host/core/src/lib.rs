@@ -24,6 +24,7 @@ mod admission;
 pub mod approval;
 mod artifacts;
 mod catalog;
+mod checks;
 mod components;
 mod config;
 mod durable;

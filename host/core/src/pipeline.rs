@@ -25,6 +25,7 @@ use toolhost_store::{SourceKind, Store, now_ms};
 use crate::admission::{Admission, NotEntered, Permit, Shares};
 use crate::approval::{ApprovalError, Approvals, PendingCall};
 use crate::catalog::{Catalog, Resolved};
+use crate::checks::{self, Against};
 use crate::config::MAX_NESTING_DEPTH;
 use crate::error::InstallError;
 use crate::exec::{self, Executors, MAX_ERROR_CHARS, MAX_RESULT_BYTES, truncate};
@@ -232,18 +233,23 @@ impl Pipeline {
         if spec.strict {
             strict::nulls_as_absent(&spec.parameters, &mut args);
         }
-        let schemas = match tool.schemas() {
-            Ok(schemas) => schemas,
-            Err(error) => {
-                tracing::error!(tenant = ctx.tenant, %error, "stored spec no longer compiles");
-                let message = format!("the stored spec no longer compiles: {error}");
-                outcome.result = Err(CallError::Internal { message });
+        if let Err(error) = tool.schemas() {
+            tracing::error!(tenant = ctx.tenant, %error, "stored spec no longer compiles");
+            let message = format!("the stored spec no longer compiles: {error}");
+            outcome.result = Err(CallError::Internal { message });
+            return;
+        }
+        let limit_ms = budget.narrow(&spec.limits).timeout_ms;
+        match checks::check(&ctx.tenant, tool, Against::Args, &mut args, limit_ms).await {
+            Ok(Ok(())) => {}
+            Ok(Err(errors)) => {
+                outcome.result = Err(CallError::InvalidArgs { errors });
                 return;
             }
-        };
-        if let Err(errors) = schemas.args.validate(&args) {
-            outcome.result = Err(CallError::InvalidArgs { errors });
-            return;
+            Err(error) => {
+                outcome.result = Err(error);
+                return;
+            }
         }
         let hooks = self.hooks.read().unwrap_or_else(|p| p.into_inner()).clone();
         let hook_call = HookCall {
@@ -465,18 +471,21 @@ impl Pipeline {
                 _ => break,
             }
         }
-        // Compiled before the run, as the arguments were checked.
-        let output_schema = tool.schemas().ok().and_then(|s| s.output.as_ref());
-        if let (Ok(value), Some(output)) = (&result, output_schema)
-            && let Err(errors) = output.validate(value)
-        {
-            let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
-            result = Err(CallError::InvalidOutput {
-                reason: format!(
-                    "the result does not meet its output_schema: {}",
-                    errors.join("; ")
-                ),
-            });
+        if let Ok(value) = &mut result {
+            let limit_ms = budget.narrow(&spec.limits).timeout_ms;
+            match checks::check(&ctx.tenant, tool, Against::Output, value, limit_ms).await {
+                Ok(Ok(())) => {}
+                Ok(Err(errors)) => {
+                    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                    result = Err(CallError::InvalidOutput {
+                        reason: format!(
+                            "the result does not meet its output_schema: {}",
+                            errors.join("; ")
+                        ),
+                    });
+                }
+                Err(error) => result = Err(error),
+            }
         }
         outcome.result = match result {
             Ok(value) => {

@@ -2,17 +2,16 @@
 //! before connecting to that very address, so a name that later resolves elsewhere (DNS
 //! rebinding) cannot reach what the check refused.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::str::FromStr;
 
-use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
+use crate::places::Places;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
 
 /// The operator's egress settings, host-wide.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,52 +202,8 @@ pub const MAX_LOOKUPS: usize = 64;
 /// tenant's places.
 pub const MAX_LOOKUPS_PER_TENANT: usize = 8;
 
-static LOOKUPS: LazyLock<Lookups> =
-    LazyLock::new(|| Lookups::new(MAX_LOOKUPS, MAX_LOOKUPS_PER_TENANT));
-
-/// The places for blocking name lookups: the process's, and each tenant's.
-struct Lookups {
-    all: Arc<Semaphore>,
-    per_tenant: usize,
-    /// One entry per tenant that ever looked a name up.
-    by_tenant: Mutex<HashMap<String, Arc<Semaphore>>>,
-}
-
-impl Lookups {
-    fn new(all: usize, per_tenant: usize) -> Self {
-        Lookups {
-            all: Arc::new(Semaphore::new(all)),
-            per_tenant,
-            by_tenant: Mutex::default(),
-        }
-    }
-
-    fn places_of(&self, tenant: &str) -> Arc<Semaphore> {
-        let mut tenants = (self.by_tenant.lock()).unwrap_or_else(|poisoned| poisoned.into_inner());
-        (tenants.entry(tenant.to_owned()))
-            .or_insert_with(|| Arc::new(Semaphore::new(self.per_tenant)))
-            .clone()
-    }
-
-    /// Runs `lookup` on a blocking thread once `tenant` and the process have a place for it.
-    /// The places are held until it returns, whether or not its caller still waits.
-    async fn run<T: Send + 'static>(
-        &self,
-        tenant: &str,
-        lookup: impl FnOnce() -> T + Send + 'static,
-    ) -> T {
-        let own = self.places_of(tenant);
-        let closed = "lookup places are never closed";
-        let own = own.acquire_owned().await.expect(closed);
-        let any = self.all.clone().acquire_owned().await.expect(closed);
-        tokio::task::spawn_blocking(move || {
-            let _places = (own, any);
-            lookup()
-        })
-        .await
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
-    }
-}
+static LOOKUPS: LazyLock<Places> =
+    LazyLock::new(|| Places::new(MAX_LOOKUPS, MAX_LOOKUPS_PER_TENANT));
 
 /// Why a connection was not made.
 #[derive(Debug, thiserror::Error)]
@@ -401,48 +356,5 @@ mod tests {
             open.resolve("acme", "localhost", 8080).await.unwrap()[0].port(),
             8080
         );
-    }
-
-    /// A name server that never answers holds a lookup's blocking thread past its call: one
-    /// tenant's such names fill its own places, not the process's threads.
-    #[tokio::test]
-    async fn a_tenants_stuck_lookups_hold_its_own_places_only() {
-        use std::time::Duration;
-        use tokio::time::timeout;
-        let lookups = Lookups::new(3, 2);
-        let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stuck = || {
-            let answered = answered.clone();
-            move || {
-                while !answered.load(std::sync::atomic::Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        };
-        let gave_up = Duration::from_millis(20);
-        for _ in 0..2 {
-            assert!(
-                timeout(gave_up, lookups.run("acme", stuck()))
-                    .await
-                    .is_err()
-            );
-        }
-        // acme's callers gave up, but its places stay taken until the lookups return.
-        assert!(timeout(gave_up, lookups.run("acme", || 1)).await.is_err());
-        assert_eq!(lookups.run("globex", || 2).await, 2);
-        // The process's last place goes to a stuck lookup of globex's; then no one's runs.
-        assert!(
-            timeout(gave_up, lookups.run("globex", stuck()))
-                .await
-                .is_err()
-        );
-        assert!(
-            timeout(gave_up, lookups.run("initech", || 3))
-                .await
-                .is_err()
-        );
-        answered.store(true, std::sync::atomic::Ordering::Release);
-        assert_eq!(lookups.run("acme", || 4).await, 4);
-        assert_eq!(lookups.run("initech", || 5).await, 5);
     }
 }

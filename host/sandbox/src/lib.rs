@@ -14,6 +14,7 @@ mod files;
 pub mod helpers;
 #[cfg(feature = "wasi-http")]
 mod outbound;
+pub mod places;
 mod redact;
 mod reuse;
 mod sandbox;

@@ -20,6 +20,11 @@ const MAX_REPORTED_ERRORS: usize = 20;
 /// The subschemas a failing call's error report may visit (a few milliseconds).
 const MAX_REPORT_VISITS: u64 = 100_000;
 
+/// Bytes of strings times the patterns they may meet, past which a check is not run inline
+/// on an async worker: a regular-expression match can cost microseconds per byte whatever
+/// the pattern's size (`a[ab]{1000}c` takes 6 µs a byte here), so 4 KiB is a few ms at worst.
+pub const MAX_INLINE_MATCH_BYTES: u64 = 4 * 1024;
+
 /// A compiled parameter schema.
 pub struct ArgsValidator {
     validator: jsonschema::Validator,
@@ -122,6 +127,17 @@ pub fn compile(parameters: &Value, strict: bool) -> Result<ArgsValidator, String
 }
 
 impl ArgsValidator {
+    /// Whether checking `value` costs little enough to run where the call is: it meets no
+    /// pattern, or its strings and property names, times the patterns one value may meet,
+    /// stay within [`MAX_INLINE_MATCH_BYTES`]. Otherwise the caller runs [`Self::validate`]
+    /// where it can stop waiting for it.
+    pub fn checks_inline(&self, value: &Value) -> bool {
+        self.cost.patterns == 0 || {
+            let budget = MAX_INLINE_MATCH_BYTES / self.cost.patterns;
+            string_bytes_within(value, budget).is_some()
+        }
+    }
+
     /// Every failing place in `args`, up to a bound.
     pub fn validate(&self, args: &Value) -> Result<(), Vec<ArgError>> {
         // The common case allocates no error reports.
@@ -154,6 +170,22 @@ impl ArgsValidator {
             Err(errors)
         }
     }
+}
+
+/// The bytes of the strings and names in `value`, if at most `budget`.
+fn string_bytes_within(value: &Value, budget: u64) -> Option<u64> {
+    let left = match value {
+        Value::String(text) => budget.checked_sub(text.len() as u64)?,
+        Value::Array(items) => items.iter().try_fold(budget, |left, item| {
+            left.checked_sub(string_bytes_within(item, left)?)
+        })?,
+        Value::Object(map) => map.iter().try_fold(budget, |left, (name, item)| {
+            let left = left.checked_sub(name.len() as u64)?;
+            left.checked_sub(string_bytes_within(item, left)?)
+        })?,
+        _ => budget,
+    };
+    Some(budget - left)
 }
 
 fn depth(value: &Value) -> usize {
@@ -329,6 +361,24 @@ mod tests {
             deep = json!({"type": "object", "properties": {"a": deep}});
         }
         assert!(compile(&deep, false).unwrap_err().contains("levels"));
+    }
+
+    #[test]
+    fn checks_with_many_bytes_to_match_against_patterns_are_not_inline() {
+        let plain = compile(&json!({"type": "object"}), false).unwrap();
+        let long = json!({"text": "ab".repeat(100_000)});
+        assert!(plain.checks_inline(&long));
+        let patterned = json!({"type": "object", "properties": {
+            "text": {"type": "string", "pattern": "a[ab]{1000}c"},
+            "tags": {"type": "array", "items": {"pattern": "^[a-z]+$"}}}});
+        let patterned = compile(&patterned, false).unwrap();
+        assert!(patterned.checks_inline(&json!({"text": "abc", "tags": ["x", "y"]})));
+        assert!(!patterned.checks_inline(&long));
+        // Two patterns: half of the bytes each, names counted.
+        let half = MAX_INLINE_MATCH_BYTES as usize / 2;
+        let tags = |n: usize| json!({"tags": ["a".repeat(n - "tags".len())]});
+        assert!(patterned.checks_inline(&tags(half)));
+        assert!(!patterned.checks_inline(&tags(half + 1)));
     }
 
     #[test]

@@ -21,6 +21,11 @@ const MAX_REF_NESTING: usize = 64;
 pub struct Cost {
     /// Subschemas one value may visit, with every local `$ref` expanded once.
     pub visits: u64,
+    /// Regular-expression matches one value may undergo (`pattern`, and each name under
+    /// `patternProperties`), counted as `visits` is. A match costs up to microseconds per
+    /// byte of the string matched, whatever the pattern's size: see
+    /// [`crate::schema::ArgsValidator::checks_inline`].
+    pub patterns: u64,
     /// `$ref`s that recur through the arguments (`items: {"$ref": "#"}`). Two or more can
     /// meet at one value (`anyOf: [{"items": {"$ref": "#"}}, {"items": {"$ref": "#"}}]`),
     /// and then a failing value's error report visits that many times more subschemas at
@@ -53,9 +58,10 @@ pub fn check(root: &Value) -> Result<Cost, String> {
         descents: 0,
         recursions: 0,
     };
-    let visits = walk.schema(root)?;
+    let Tally { visits, patterns } = walk.schema(root)?;
     Ok(Cost {
         visits,
+        patterns,
         recursions: walk.recursions,
     })
 }
@@ -142,11 +148,40 @@ fn local_pointer(reference: &str) -> Result<&str, String> {
     }
 }
 
+/// Subschemas visited and patterns matched, as [`Cost`] counts them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    visits: u64,
+    patterns: u64,
+}
+
+impl Tally {
+    fn plus(self, other: Tally) -> Tally {
+        Tally {
+            visits: self.visits.saturating_add(other.visits),
+            patterns: self.patterns.saturating_add(other.patterns),
+        }
+    }
+
+    fn times(self, n: u64) -> Tally {
+        Tally {
+            visits: self.visits.saturating_mul(n),
+            patterns: self.patterns.saturating_mul(n),
+        }
+    }
+}
+
+/// One visit of a leaf: a schema that is not an object, or a `$ref` that recurs.
+const LEAF: Tally = Tally {
+    visits: 1,
+    patterns: 0,
+};
+
 struct Walk<'a> {
     root: &'a Value,
     /// The cost of each `$ref` target, by JSON Pointer, once expanded, and the recursions
     /// its expansion met.
-    memo: HashMap<String, (u64, u64)>,
+    memo: HashMap<String, (Tally, u64)>,
     /// The `$ref` targets being expanded, each with how deep into the arguments it began.
     expanding: Vec<(String, u32)>,
     /// How many keywords that step into the arguments (`properties`, `items`, ...) enclose
@@ -158,19 +193,39 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
-    fn schema(&mut self, schema: &Value) -> Result<u64, String> {
+    fn schema(&mut self, schema: &Value) -> Result<Tally, String> {
         let Some(map) = schema.as_object() else {
-            return Ok(1);
+            return Ok(LEAF);
         };
-        let mut total: u64 = 1;
+        let mut total = LEAF;
         for (keyword, sub) in map {
             let cost = match keyword.as_str() {
                 "$ref" => self.reference(sub.as_str())?,
-                "allOf" | "anyOf" | "oneOf" | "not" | "if" => self.all(sub)?.saturating_mul(2),
-                "dependentSchemas" | "then" | "else" => self.all(sub)?,
-                "properties"
-                | "patternProperties"
-                | "prefixItems"
+                "allOf" | "anyOf" | "oneOf" | "not" | "if" => self.all(sub)?.times(2),
+                "then" | "else" => self.all(sub)?,
+                "dependentSchemas" | "dependencies" => self.named(sub)?,
+                "properties" => {
+                    self.descents += 1;
+                    let cost = self.named(sub);
+                    self.descents -= 1;
+                    cost?
+                }
+                // Each name is a pattern matched against every property name.
+                "patternProperties" => {
+                    let names = sub.as_object().map_or(0, |names| names.len() as u64);
+                    self.descents += 1;
+                    let cost = self.named(sub);
+                    self.descents -= 1;
+                    cost?.plus(Tally {
+                        visits: 0,
+                        patterns: names,
+                    })
+                }
+                "pattern" => Tally {
+                    visits: 0,
+                    patterns: 1,
+                },
+                "prefixItems"
                 | "items"
                 | "additionalItems"
                 | "additionalProperties"
@@ -183,12 +238,12 @@ impl Walk<'_> {
                     self.descents -= 1;
                     cost?
                 }
-                // Everything else is a leaf (`type`, `pattern`, ...), or not evaluated unless
-                // referenced (`$defs`).
-                _ => 0,
+                // Everything else is a leaf (`type`, `minLength`, ...), or not evaluated
+                // unless referenced (`$defs`).
+                _ => Tally::default(),
             };
-            total = total.saturating_add(cost);
-            if total > MAX_SCHEMA_COST {
+            total = total.plus(cost);
+            if total.visits > MAX_SCHEMA_COST {
                 return Err(format!(
                     "is too costly to check: with every $ref expanded, one value can be checked against more than {MAX_SCHEMA_COST} subschemas (nested anyOf/oneOf/allOf or $refs multiply); flatten it"
                 ));
@@ -197,24 +252,35 @@ impl Walk<'_> {
         Ok(total)
     }
 
-    /// A subschema, an array of them, or a map of them.
-    fn all(&mut self, sub: &Value) -> Result<u64, String> {
-        let mut total: u64 = 0;
-        let schemas: Box<dyn Iterator<Item = &Value>> = match sub {
-            Value::Array(items) => Box::new(items.iter()),
-            Value::Object(map) if !is_schema(map) => Box::new(map.values()),
-            one => Box::new(std::iter::once(one)),
-        };
+    /// A subschema, or an array of them.
+    fn all(&mut self, sub: &Value) -> Result<Tally, String> {
+        match sub {
+            Value::Array(schemas) => self.each(schemas),
+            one => self.schema(one),
+        }
+    }
+
+    /// A map from names to subschemas (`properties`); a name's array of names
+    /// (`dependencies`) costs a visit.
+    fn named(&mut self, sub: &Value) -> Result<Tally, String> {
+        match sub {
+            Value::Object(names) => self.each(names.values()),
+            _ => Ok(Tally::default()),
+        }
+    }
+
+    fn each<'v>(&mut self, schemas: impl IntoIterator<Item = &'v Value>) -> Result<Tally, String> {
+        let mut total = Tally::default();
         for schema in schemas {
-            total = total.saturating_add(self.schema(schema)?);
+            total = total.plus(self.schema(schema)?);
         }
         Ok(total)
     }
 
-    fn reference(&mut self, reference: Option<&str>) -> Result<u64, String> {
+    fn reference(&mut self, reference: Option<&str>) -> Result<Tally, String> {
         // Not a string: the validator refuses the schema.
         let Some(reference) = reference else {
-            return Ok(1);
+            return Ok(LEAF);
         };
         let pointer = local_pointer(reference)?;
         if let Some(&(_, began)) = self.expanding.iter().find(|(p, _)| p == pointer) {
@@ -225,7 +291,7 @@ impl Walk<'_> {
                 // Recursion through the arguments ends with them.
                 false => {
                     self.recursions = self.recursions.saturating_add(1);
-                    Ok(1)
+                    Ok(LEAF)
                 }
             };
         }
@@ -249,38 +315,6 @@ impl Walk<'_> {
         Ok(cost)
     }
 }
-
-/// Whether an object under `properties`-like keywords is itself a schema (`items: {...}`)
-/// rather than a map of names to schemas (`properties: {...}`).
-fn is_schema(map: &serde_json::Map<String, Value>) -> bool {
-    map.is_empty() || map.keys().any(|k| SCHEMA_KEYWORDS.contains(&k.as_str()))
-}
-
-const SCHEMA_KEYWORDS: &[&str] = &[
-    "type",
-    "$ref",
-    "enum",
-    "const",
-    "properties",
-    "items",
-    "allOf",
-    "anyOf",
-    "oneOf",
-    "not",
-    "pattern",
-    "format",
-    "minimum",
-    "maximum",
-    "required",
-    "additionalProperties",
-    "prefixItems",
-    "description",
-    "title",
-    "default",
-    "minLength",
-    "maxLength",
-    "if",
-];
 
 #[cfg(test)]
 mod tests {
@@ -351,6 +385,19 @@ mod tests {
         assert_eq!(cost.recursions, 2);
         assert!(cost.report_visits(40) > MAX_SCHEMA_COST);
         assert_eq!(cost.report_visits(3), 8 * cost.visits);
+    }
+
+    #[test]
+    fn patterns_are_counted_as_often_as_a_value_can_meet_them() {
+        let word = json!({"type": "string", "pattern": "^[a-z]+$"});
+        let schema = json!({"type": "object", "$defs": {"word": word},
+            "properties": {"a": {"$ref": "#/$defs/word"}, "b": {"$ref": "#/$defs/word"},
+                           "c": {"anyOf": [word, {"type": "integer"}]}},
+            "patternProperties": {"^x-": {}, "^y-": {"pattern": "z"}}});
+        // a and b once each, c's twice (checked, then reported), two names and one more.
+        assert_eq!(check(&schema).unwrap().patterns, 1 + 1 + 2 + 2 + 1);
+        let plain = json!({"type": "object", "properties": {"pattern": {"type": "string"}}});
+        assert_eq!(check(&plain).unwrap().patterns, 0);
     }
 
     #[test]
