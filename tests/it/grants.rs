@@ -224,6 +224,45 @@ async fn a_call_holds_a_bounded_number_of_files_open() {
     assert_eq!(again.result.unwrap(), json!({"opened": 200}));
 }
 
+/// Empty files cost no bytes, but each takes an inode, and a disk out of inodes refuses
+/// every tenant's writes: a tenant keeps at most `MAX_FILE_ENTRIES` files and directories.
+#[tokio::test]
+async fn a_tenant_keeps_a_bounded_number_of_files() {
+    let f = fixture(EgressConfig::default()).await;
+    let rw = json!({"fs_*": {"filesystem": [{"dir": "d", "guest": "/d", "write": true}]}});
+    grant(&f.host, "acme", rw.clone()).await;
+    let most = toolhost::sandbox::MAX_FILE_ENTRIES as usize;
+    let make = |count: usize, kind: &str| json!({"dir": "/d", "count": count, "kind": kind});
+    let out = call(&f.host, "acme", "fs_make_many", make(most + 10, "file")).await;
+    let made = out.result.unwrap();
+    assert_eq!(made["made"], most, "{made}");
+    assert!(made["error"].as_str().unwrap().contains("Quota"), "{made}");
+    assert!(
+        out.log.lines.iter().any(|l| l.message.contains("its most")),
+        "the call's log says why"
+    );
+    let refused = call(&f.host, "acme", "fs_make_many", make(1, "dir")).await;
+    assert_eq!(refused.result.unwrap()["made"], 0);
+    // Removing one makes room for one.
+    let one = std::fs::read_dir(files(&f.host, "acme").join("d"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name();
+    let path = format!("/d/{}", one.to_string_lossy());
+    assert_eq!(
+        probe(&f.host, "acme", "fs_remove", json!({ "path": path })).await,
+        Ok(json!(null))
+    );
+    let again = call(&f.host, "acme", "fs_make_many", make(2, "dir")).await;
+    assert_eq!(again.result.unwrap()["made"], 1);
+    // Another tenant counts its own.
+    grant(&f.host, "globex", rw).await;
+    let other = call(&f.host, "globex", "fs_make_many", make(10, "file")).await;
+    assert_eq!(other.result.unwrap()["made"], 10);
+}
+
 #[tokio::test]
 async fn every_write_is_charged_to_the_tenants_files_quota() {
     let f = fixture(EgressConfig::default()).await;

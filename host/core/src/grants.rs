@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use rustix::fs::{Mode, OFlags};
 
 use toolhost_sandbox::egress::EgressConfig;
-use toolhost_sandbox::{FilesBudget, Permissions, Preopen};
+use toolhost_sandbox::{FilesBudget, FilesCount, Permissions, Preopen};
 use toolhost_spec::digest::sha256_hex;
 use toolhost_spec::policy::{DirGrant, TenantPolicy};
 
@@ -84,15 +84,15 @@ impl TenantFiles {
             }
         }
         let root = self.root(tenant);
-        let used = tokio::task::spawn_blocking(move || bytes_under(&root))
+        let held = tokio::task::spawn_blocking(move || count_under(&root))
             .await
             .map_err(|e| e.to_string())?;
         let budget = match known {
             Some(counted) => {
-                counted.budget.recounted(used);
+                counted.budget.recounted(held);
                 counted.budget
             }
-            None => Arc::new(FilesBudget::new(quota, used)),
+            None => Arc::new(FilesBudget::new(quota, held)),
         };
         let counted = Counted {
             budget: budget.clone(),
@@ -165,23 +165,27 @@ fn open_beneath(root: &Path, relative: &str) -> std::io::Result<OwnedFd> {
     Ok(dir)
 }
 
-/// Bytes of the regular files under `root`, not following symlinks.
-fn bytes_under(root: &Path) -> u64 {
-    let mut total = 0;
+/// Bytes of the regular files under `root`, and the entries below its top level, not
+/// following symlinks.
+fn count_under(root: &Path) -> FilesCount {
+    let mut count = FilesCount::default();
     let mut pending = vec![root.to_owned()];
     while let Some(dir) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
+        // The tenant's top level holds the granted directories, which the host made.
+        let made_by_guests = u64::from(dir != root);
         for entry in entries.flatten() {
+            count.entries += made_by_guests;
             match entry.metadata() {
                 Ok(meta) if meta.is_dir() => pending.push(entry.path()),
-                Ok(meta) if meta.is_file() => total += meta.len(),
+                Ok(meta) if meta.is_file() => count.bytes += meta.len(),
                 _ => {}
             }
         }
     }
-    total
+    count
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //! and refused with `insufficient-space` once the budget is spent. Unlinking a file,
 //! truncating it on open and shrinking it give its bytes back (when no other link holds them);
 //! anything else that frees bytes (a rename over a file, removing a hard link's last other
-//! name) is found when the budget's owner recounts the tenant's files.
+//! name) is found when the budget's owner recounts the tenant's files. Each new file,
+//! directory or link is counted too, up to [`MAX_FILE_ENTRIES`]: empty files cost no bytes,
+//! but each takes an inode, and a disk out of inodes refuses every tenant's writes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,20 +28,34 @@ const FILESYSTEM_TYPES: &str = "wasi:filesystem/types@0.2.12";
 /// What a refused stream write reports, which the guest reads as `insufficient-space`.
 const ENOSPC: i32 = 28;
 
-/// Bytes a tenant's files hold and may hold, shared by all its calls at once.
+/// Files, directories and links one tenant may keep, whatever their size.
+pub const MAX_FILE_ENTRIES: u64 = 10_000;
+
+/// What a tenant's files hold, as counted by walking them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FilesCount {
+    /// Bytes of regular files.
+    pub bytes: u64,
+    /// Files, directories and links.
+    pub entries: u64,
+}
+
+/// Bytes and entries a tenant's files hold and may hold, shared by all its calls at once.
 #[derive(Debug)]
 pub struct FilesBudget {
     quota: AtomicU64,
     used: AtomicU64,
+    entries: AtomicU64,
     refused: AtomicBool,
 }
 
 impl FilesBudget {
-    /// A budget of `quota` bytes, of which `used` are held.
-    pub fn new(quota: u64, used: u64) -> Self {
+    /// A budget of `quota` bytes, with what the tenant's files hold now.
+    pub fn new(quota: u64, held: FilesCount) -> Self {
         FilesBudget {
             quota: AtomicU64::new(quota),
-            used: AtomicU64::new(used),
+            used: AtomicU64::new(held.bytes),
+            entries: AtomicU64::new(held.entries),
             refused: AtomicBool::new(false),
         }
     }
@@ -82,14 +98,38 @@ impl FilesBudget {
             });
     }
 
+    /// Files, directories and links held as counted.
+    pub fn entries(&self) -> u64 {
+        self.entries.load(Ordering::Acquire)
+    }
+
+    /// Counts a new file, directory or link, unless the tenant holds its most; `Err` holds
+    /// how many it holds.
+    fn add_entry(&self) -> Result<(), u64> {
+        self.entries
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held < MAX_FILE_ENTRIES).then_some(held + 1)
+            })
+            .map(drop)
+            .inspect_err(|_| self.refused.store(true, Ordering::Release))
+    }
+
+    /// Gives back an entry that was removed, or that was counted and not made.
+    fn remove_entry(&self) {
+        let _ = (self.entries).fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            Some(held.saturating_sub(1))
+        });
+    }
+
     /// Whether a write was refused since the last recount: deleted files may have made room.
     pub fn refused_since_recount(&self) -> bool {
         self.refused.load(Ordering::Acquire)
     }
 
     /// Sets the count from a recount of the tenant's files.
-    pub fn recounted(&self, used: u64) {
-        self.used.store(used, Ordering::Release);
+    pub fn recounted(&self, held: FilesCount) {
+        self.used.store(held.bytes, Ordering::Release);
+        self.entries.store(held.entries, Ordering::Release);
         self.refused.store(false, Ordering::Release);
     }
 }
@@ -118,6 +158,23 @@ pub(crate) struct FilesQuota {
 }
 
 impl FilesQuota {
+    /// Counts the new entry `path`, or logs why not.
+    fn add_entry(&self, path: &str) -> bool {
+        match self.budget.add_entry() {
+            Ok(()) => true,
+            Err(held) => {
+                self.helpers.log(
+                    Level::Warn,
+                    &format!(
+                        "files: `{path}` was not created: the tenant's files hold {held} files, \
+                         directories and links, its most"
+                    ),
+                );
+                false
+            }
+        }
+    }
+
     fn charge(&self, bytes: u64) -> bool {
         match self.budget.charge(bytes) {
             Ok(()) => true,
@@ -244,11 +301,22 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
                     }
                     _ => 0,
                 };
+                let creates = quota.is_some()
+                    && open_flags.contains(OpenFlags::CREATE)
+                    && !exists(&mut view, &fd, path_flags, &path).await;
+                if let Some(quota) = &quota
+                    && creates
+                    && !quota.add_entry(&path)
+                {
+                    return Ok((Err(ErrorCode::Quota),));
+                }
                 let opened =
                     HostDescriptor::open_at(&mut view, fd, path_flags, path, open_flags, flags)
                         .await;
-                if let (Some(quota), Ok(_)) = (&quota, &opened) {
-                    quota.budget.refund(truncated);
+                match (&quota, &opened) {
+                    (Some(quota), Ok(_)) => quota.budget.refund(truncated),
+                    (Some(quota), Err(_)) if creates => quota.budget.remove_entry(),
+                    _ => {}
                 }
                 let held = match opened.as_ref().map(|fd| view.table.get(fd)) {
                     Ok(Ok(Descriptor::File(file))) => Some(Arc::downgrade(&file.file)),
@@ -273,8 +341,69 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
                 let unlinked = HostDescriptor::unlink_file_at(&mut view, fd, path).await;
                 if let (Some(quota), Ok(())) = (&quota, &unlinked) {
                     quota.budget.refund(freed);
+                    quota.budget.remove_entry();
                 }
                 Ok((error_code(&mut view, unlinked)?,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.create-directory-at",
+        |mut store, (fd, path): (Resource<Descriptor>, String)| {
+            Box::new(async move {
+                let (quota, mut view) = filesystem(store.data_mut());
+                let made = entry_made(quota.as_ref(), &path, async {
+                    HostDescriptor::create_directory_at(&mut view, fd, path.clone()).await
+                });
+                let made = made.await;
+                Ok((error_code(&mut view, made)?,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.symlink-at",
+        |mut store, (fd, target, path): (Resource<Descriptor>, String, String)| {
+            Box::new(async move {
+                let (quota, mut view) = filesystem(store.data_mut());
+                let made = entry_made(quota.as_ref(), &path, async {
+                    HostDescriptor::symlink_at(&mut view, fd, target, path.clone()).await
+                });
+                let made = made.await;
+                Ok((error_code(&mut view, made)?,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.link-at",
+        |mut store,
+         (fd, old_flags, old_path, new_fd, path): (
+            Resource<Descriptor>,
+            PathFlags,
+            String,
+            Resource<Descriptor>,
+            String,
+        )| {
+            Box::new(async move {
+                let (quota, mut view) = filesystem(store.data_mut());
+                let made = entry_made(quota.as_ref(), &path, async {
+                    let (view, path) = (&mut view, path.clone());
+                    HostDescriptor::link_at(view, fd, old_flags, old_path, new_fd, path).await
+                });
+                let made = made.await;
+                Ok((error_code(&mut view, made)?,))
+            })
+        },
+    )?;
+    types.func_wrap_async(
+        "[method]descriptor.remove-directory-at",
+        |mut store, (fd, path): (Resource<Descriptor>, String)| {
+            Box::new(async move {
+                let (quota, mut view) = filesystem(store.data_mut());
+                let removed = HostDescriptor::remove_directory_at(&mut view, fd, path).await;
+                if let (Some(quota), Ok(())) = (&quota, &removed) {
+                    quota.budget.remove_entry();
+                }
+                Ok((error_code(&mut view, removed)?,))
             })
         },
     )?;
@@ -295,6 +424,36 @@ async fn sole_file_size(
         Ok(stat) if stat.type_ == DescriptorType::RegularFile && stat.link_count == 1 => stat.size,
         _ => 0,
     }
+}
+
+/// Whether something is at `path` under `dir`.
+async fn exists(
+    view: &mut WasiFilesystemCtxView<'_>,
+    dir: &Resource<Descriptor>,
+    path_flags: PathFlags,
+    path: &str,
+) -> bool {
+    let borrowed = Resource::new_borrow(dir.rep());
+    (HostDescriptor::stat_at(view, borrowed, path_flags, path.to_owned()).await).is_ok()
+}
+
+/// Runs `make`, which makes the entry `path`, once the quota has counted it; a failed
+/// `make` gives the count back.
+async fn entry_made(
+    quota: Option<&FilesQuota>,
+    path: &str,
+    make: impl Future<Output = FsResult<()>>,
+) -> FsResult<()> {
+    if let Some(quota) = quota
+        && !quota.add_entry(path)
+    {
+        return Err(ErrorCode::Quota.into());
+    }
+    let made = make.await;
+    if let (Some(quota), Err(_)) = (quota, &made) {
+        quota.budget.remove_entry();
+    }
+    made
 }
 
 /// The call's files quota, if any, and wasmtime-wasi's view of its filesystem.
@@ -431,9 +590,13 @@ impl OutputStream for ChargedStream {
 mod tests {
     use super::*;
 
+    fn held(bytes: u64, entries: u64) -> FilesCount {
+        FilesCount { bytes, entries }
+    }
+
     #[test]
     fn a_budget_charges_up_to_its_quota_and_a_recount_resets_it() {
-        let budget = FilesBudget::new(100, 40);
+        let budget = FilesBudget::new(100, held(40, 1));
         assert_eq!(budget.charge(60), Ok(()));
         assert!(!budget.refused_since_recount());
         assert_eq!(budget.charge(1), Err(100));
@@ -445,9 +608,21 @@ mod tests {
         );
         budget.refund(30);
         assert_eq!(budget.used(), 70);
-        budget.recounted(10);
+        budget.recounted(held(10, 1));
         assert!(!budget.refused_since_recount());
         assert_eq!(budget.charge(90), Ok(()));
+    }
+
+    #[test]
+    fn a_budget_counts_entries_up_to_its_most() {
+        let budget = FilesBudget::new(100, held(0, MAX_FILE_ENTRIES - 1));
+        assert_eq!(budget.add_entry(), Ok(()));
+        assert_eq!(budget.add_entry(), Err(MAX_FILE_ENTRIES));
+        assert!(budget.refused_since_recount());
+        budget.remove_entry();
+        assert_eq!(budget.add_entry(), Ok(()));
+        budget.recounted(held(0, 3));
+        assert_eq!(budget.entries(), 3);
     }
 
     /// Writes through to a file at a position, as wasmtime-wasi's file stream does.
@@ -482,7 +657,7 @@ mod tests {
         const SIZE: u64 = 4096;
         let file = Arc::new(tempfile::tempfile().unwrap());
         file.set_len(SIZE).unwrap();
-        let budget = Arc::new(FilesBudget::new(10 * SIZE, SIZE));
+        let budget = Arc::new(FilesBudget::new(10 * SIZE, held(SIZE, 1)));
         let quota = FilesQuota {
             budget: budget.clone(),
             helpers: crate::Helpers::default(),

@@ -21,7 +21,7 @@ mod sandbox;
 pub mod snapshot;
 pub mod turns;
 
-pub use files::{FilesBudget, MAX_OPEN_FILES};
+pub use files::{FilesBudget, FilesCount, MAX_FILE_ENTRIES, MAX_OPEN_FILES};
 pub use helpers::{HelperError, Helpers};
 #[cfg(feature = "wasi-http")]
 pub use outbound::MAX_CONNECTIONS;

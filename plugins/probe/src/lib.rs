@@ -217,6 +217,33 @@ fn fs_hold_open(args: HoldOpen, _: &Context) -> Result<Value, ToolError> {
     Ok(json!({ "opened": held.len() }))
 }
 
+#[derive(Deserialize, JsonSchema)]
+struct MakeMany {
+    dir: String,
+    count: usize,
+    /// `file` or `dir`.
+    kind: String,
+}
+
+/// Makes `count` empty files or directories in `dir`, named from the time so
+/// each call's are new: how many it made, and why the next failed.
+fn fs_make_many(args: MakeMany, _: &Context) -> Result<Value, ToolError> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_nanos());
+    for made in 0..args.count {
+        let path = format!("{}/{stamp}-{made}", args.dir);
+        let result = match args.kind.as_str() {
+            "dir" => std::fs::create_dir(&path),
+            _ => std::fs::File::create_new(&path).map(drop),
+        };
+        if let Err(error) = result {
+            return Ok(json!({"made": made, "error": error.to_string()}));
+        }
+    }
+    Ok(json!({ "made": args.count }))
+}
+
 fn fs_remove(args: PathArg, _: &Context) -> Result<Value, ToolError> {
     report(std::fs::remove_file(&args.path))
 }
@@ -426,6 +453,11 @@ export_tools!(
         fs_hold_open,
     ),
     Tool::new("fs_list", "Lists a directory.", fs_list),
+    Tool::new(
+        "fs_make_many",
+        "Makes many empty files or directories.",
+        fs_make_many,
+    ),
     Tool::new("http_get", "Fetches a URL.", http_get),
     Tool::new(
         "http_hold",
