@@ -54,6 +54,10 @@ const ARTIFACTS: Table = TableDefinition::new("sealed_artifacts");
 /// Where artifacts were kept before, each behind a sha256 of itself; moved once.
 const CHECKSUMMED_ARTIFACTS: Table = TableDefinition::new("artifacts");
 const CACHE: Table = TableDefinition::new("cache");
+/// Each tenant's cached results by expiry (`tenant \0 expires_at key`, see [`expiry_key`]):
+/// a put at the tenant's quota removes its expired results without reading the others, while
+/// every other tenant's writes wait for it.
+const CACHE_EXPIRY: Table = TableDefinition::new("cache_expiry");
 const KV: Table = TableDefinition::new("kv");
 const CONFIG: Table = TableDefinition::new("config");
 const TENANTS: Table = TableDefinition::new("tenants");
@@ -70,7 +74,7 @@ const DURABLE_UNENDED: Table = TableDefinition::new("durable_unended");
 const DURABLE_ENDED: Table = TableDefinition::new("durable_ended");
 /// Bytes of each tenant's data (KV and cache entries, keys included), kept with every write.
 const USAGE: Table = TableDefinition::new("usage");
-const TABLES: [Table; 16] = [
+const TABLES: [Table; 17] = [
     DURABLE_CALLS,
     DURABLE_UNENDED,
     DURABLE_ENDED,
@@ -79,6 +83,7 @@ const TABLES: [Table; 16] = [
     BLOB_SHAS,
     ARTIFACTS,
     CACHE,
+    CACHE_EXPIRY,
     KV,
     CONFIG,
     TENANTS,
@@ -219,7 +224,7 @@ impl RedbFile {
         store.write(Commit::Durable, |tx| {
             let had: Vec<String> = tx.list_tables()?.map(|t| t.name().to_owned()).collect();
             let had = |table: Table| had.iter().any(|name| name == table.name());
-            let (counted, listed) = (had(USAGE), had(BLOB_SHAS));
+            let (counted, listed, indexed) = (had(USAGE), had(BLOB_SHAS), had(CACHE_EXPIRY));
             let checksummed = had(CHECKSUMMED_ARTIFACTS);
             for table in TABLES {
                 tx.open_table(table)?;
@@ -229,6 +234,9 @@ impl RedbFile {
             }
             if !listed {
                 list_blob_shas(tx)?;
+            }
+            if !indexed {
+                index_cache_expiry(tx)?;
             }
             if checksummed {
                 move_checksummed_artifacts(tx)?;
@@ -421,26 +429,75 @@ fn charge(
     Ok(())
 }
 
-/// Removes the expired results under `prefix`; the bytes they held.
-fn purge_expired(
+/// Where the cached result at `cache_key` (`tenant \0 key`) is in [`CACHE_EXPIRY`].
+fn expiry_key(cache_key: &[u8], expires_at_ms: u64) -> Vec<u8> {
+    let tenant = cache_key
+        .iter()
+        .position(|&b| b == 0)
+        .map_or(cache_key.len(), |i| i + 1);
+    let (tenant, key) = cache_key.split_at(tenant);
+    [tenant, &expires_at_ms.to_be_bytes(), key].concat()
+}
+
+/// The cache key an [`expiry_key`] was made from.
+fn cache_key_of(expiry_key: &[u8]) -> Vec<u8> {
+    let tenant = expiry_key.iter().position(|&b| b == 0).map_or(0, |i| i + 1);
+    let key = expiry_key.get(tenant + 8..).unwrap_or_default();
+    [&expiry_key[..tenant], key].concat()
+}
+
+/// Indexes every cached result of a store written before [`CACHE_EXPIRY`] was kept.
+fn index_cache_expiry(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
+    let mut index = tx.open_table(CACHE_EXPIRY)?;
+    for entry in tx.open_table(CACHE)?.iter()? {
+        let (key, stored) = entry?;
+        let expiry = expiry_key(key.value(), cache_expiry(stored.value()));
+        index.insert(&expiry[..], &[][..])?;
+    }
+    Ok(())
+}
+
+/// Removes the cached result at `key` and its place in [`CACHE_EXPIRY`]; the bytes it held.
+fn remove_cached(
+    tx: &redb::WriteTransaction,
     cache: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
-    prefix: &[u8],
+    key: &[u8],
+) -> std::result::Result<i64, redb::Error> {
+    let Some(stored) = cache.remove(key)? else {
+        return Ok(0);
+    };
+    let stored = stored.value();
+    (tx.open_table(CACHE_EXPIRY)?).remove(&expiry_key(key, cache_expiry(stored))[..])?;
+    Ok(entry_bytes(key, Some(stored.len())))
+}
+
+/// Removes `tenant`'s expired results, found through [`CACHE_EXPIRY`]; the bytes they held.
+fn purge_expired(
+    tx: &redb::WriteTransaction,
+    cache: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
+    tenant: &str,
     now_ms: u64,
 ) -> std::result::Result<i64, redb::Error> {
+    let prefix = [tenant.as_bytes(), b"\0"].concat();
+    let at = |ms: u64| [&prefix[..], &ms.to_be_bytes()].concat();
+    // Expired, or further off than any TTL (the clock went back): as `cache_expired` says.
+    let latest = now_ms.saturating_add(toolhost_spec::spec::CACHE_TTL_MS.max);
     let mut expired = Vec::new();
-    for entry in cache.range(prefix..)? {
-        let (key, stored) = entry?;
-        if !key.value().starts_with(prefix) {
-            break;
-        }
-        if cache_expired(cache_expiry(stored.value()), now_ms) {
-            expired.push(key.value().to_vec());
+    {
+        let index = tx.open_table(CACHE_EXPIRY)?;
+        let past = index.range(&at(0)[..]..&at(now_ms.saturating_add(1))[..])?;
+        let too_far = index.range(&at(latest.saturating_add(1))[..]..)?;
+        for entry in past.chain(too_far) {
+            let key = entry?.0.value().to_vec();
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            expired.push(cache_key_of(&key));
         }
     }
     let mut freed = 0;
     for key in expired {
-        let removed = cache.remove(&key[..])?.map(|v| v.value().len());
-        freed += entry_bytes(&key, removed);
+        freed += remove_cached(tx, cache, &key)?;
     }
     Ok(freed)
 }
@@ -812,11 +869,8 @@ impl RedbFile {
         };
         if cache_expired(cache_expiry(&stored), now_ms) {
             self.write(Commit::Durable, |tx| {
-                let removed = tx
-                    .open_table(CACHE)?
-                    .remove(&key[..])?
-                    .map(|v| v.value().len());
-                charge(tx, tenant, -entry_bytes(&key, removed))
+                let freed = remove_cached(tx, &mut tx.open_table(CACHE)?, &key)?;
+                charge(tx, tenant, -freed)
             })?;
             return Ok(None);
         }
@@ -845,7 +899,7 @@ impl RedbFile {
             let mut delta = replaced(&cache)?;
             let mut used = usage(tx, tenant)?;
             if over(used, delta, quota) {
-                let freed = purge_expired(&mut cache, &cache_key(tenant, b""), now_ms())?;
+                let freed = purge_expired(tx, &mut cache, tenant, now_ms())?;
                 charge(tx, tenant, -freed)?;
                 used = usage(tx, tenant)?;
                 // The purge may have removed the entry this write replaces: its bytes are
@@ -855,7 +909,11 @@ impl RedbFile {
             if over(used, delta, quota) {
                 return Ok(Err(quota_error(used, delta, quota)));
             }
-            cache.insert(&key[..], &stored[..])?;
+            let mut index = tx.open_table(CACHE_EXPIRY)?;
+            if let Some(old) = cache.insert(&key[..], &stored[..])? {
+                index.remove(&expiry_key(&key, cache_expiry(old.value()))[..])?;
+            }
+            index.insert(&expiry_key(&key, expires_at_ms)[..], &[][..])?;
             charge(tx, tenant, delta)?;
             Ok(Ok(()))
         })?
@@ -887,8 +945,7 @@ impl RedbFile {
                 })
                 .collect();
             for key in &expired {
-                let removed = cache.remove(&key[..])?.map(|v| v.value().len());
-                *freed.entry(key_tenant(key)).or_default() += entry_bytes(key, removed);
+                *freed.entry(key_tenant(key)).or_default() += remove_cached(tx, &mut cache, key)?;
             }
             for (tenant, bytes) in freed {
                 charge(tx, &tenant, -bytes)?;
@@ -1478,6 +1535,73 @@ mod tests {
         }
         let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
         (dir, store)
+    }
+
+    /// The keys of [`CACHE_EXPIRY`], and those the cached results call for.
+    fn expiry_index(store: &RedbFile) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let keys = |table, key: fn(&[u8], &[u8]) -> Vec<u8>| {
+            let read = |t: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>| {
+                let entries = t.iter().map_err(backend)?;
+                let mut keys = Vec::new();
+                for entry in entries {
+                    let (k, v) = entry.map_err(backend)?;
+                    keys.push(key(k.value(), v.value()));
+                }
+                keys.sort();
+                Ok(keys)
+            };
+            store.read(table, read).unwrap()
+        };
+        (
+            keys(CACHE_EXPIRY, |k, _| k.to_vec()),
+            keys(CACHE, |k, v| expiry_key(k, cache_expiry(v))),
+        )
+    }
+
+    /// A put at the tenant's quota finds its expired results through the index: every put,
+    /// replacement and removal keeps it naming each cached result once.
+    #[test]
+    fn the_expiry_index_names_each_cached_result_once() {
+        let store = RedbFile::temporary().unwrap();
+        let (now, value, no_quota) = (now_ms(), serde_json::json!("result"), u64::MAX);
+        store
+            .cache_put("acme", b"a", now + 60_000, &value, no_quota)
+            .unwrap();
+        store
+            .cache_put("acme", b"a", now + 90_000, &value, no_quota)
+            .unwrap();
+        store
+            .cache_put("acme", b"soon", now + 20, &value, no_quota)
+            .unwrap();
+        store
+            .cache_put("acme\u{1}", b"x", now + 20, &value, no_quota)
+            .unwrap();
+        store
+            .cache_put("globex", b"soon", now + 20, &value, no_quota)
+            .unwrap();
+        let (indexed, cached) = expiry_index(&store);
+        assert_eq!((indexed.len(), &indexed), (4, &cached));
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        // At the quota: acme's expired result makes room, no one else's goes.
+        let quota = store.data_bytes("acme").unwrap();
+        store
+            .cache_put("acme", b"b", now + 60_000, &value, quota)
+            .unwrap();
+        let (indexed, cached) = expiry_index(&store);
+        assert_eq!((indexed.len(), &indexed), (4, &cached));
+        assert!(indexed.iter().all(|key| !key.ends_with(b"acme\0soon")));
+        assert_eq!(store.cache_get("globex", b"soon", now_ms()).unwrap(), None);
+        assert_eq!(store.cache_purge(now_ms()).unwrap(), 1);
+        let (indexed, cached) = expiry_index(&store);
+        assert_eq!((indexed.len(), &indexed), (2, &cached));
+        // A store from before the index gets one.
+        let (_dir, store) = reopened_without(CACHE_EXPIRY, |store| {
+            store
+                .cache_put("acme", b"a", now + 60_000, &value, no_quota)
+                .unwrap();
+        });
+        let (indexed, cached) = expiry_index(&store);
+        assert_eq!((indexed.len(), &indexed), (1, &cached));
     }
 
     #[test]
