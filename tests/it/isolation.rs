@@ -193,6 +193,34 @@ async fn a_call_whose_check_outlasts_its_time_limit_ends_at_the_limit() {
     assert_eq!(inline.code(), "invalid_args", "{:?}", inline.result);
 }
 
+/// A result is checked against its `output_schema` the same way: 1 MiB against a costly
+/// pattern ends at the call's limit, not seconds later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_whose_check_outlasts_its_time_limit_ends_at_the_limit() {
+    let host = Host::open(crate::plugins::config()).await.unwrap();
+    let spec = json!({"name": "long_text", "description": "Returns a long text.",
+        "limits": {"timeout_ms": 300}, "parameters": {"type": "object"},
+        "output_schema": {"type": "object", "properties": {
+            "text": {"type": "string", "pattern": "a[ab]{1000}c"}}}});
+    let text = scrambled_ab(1 << 20);
+    (host.natives())
+        .register(serde_json::from_value(spec).unwrap(), move |_, _, _| {
+            let text = text.clone();
+            async move { Ok(json!({ "text": text })) }
+        })
+        .unwrap();
+    let started = Instant::now();
+    let out = host
+        .call(&Caller::tenant("acme"), "long_text", json!({}))
+        .await;
+    assert_eq!(out.code(), "timeout", "{:?}", out.result.map(|_| ()));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// A result is parsed before it is clipped, and parsed JSON takes many times its text: a
 /// 100 MiB array once cost the host 5.4 GiB. Text over `MAX_RESULT_BYTES` is refused unread.
 #[tokio::test]
