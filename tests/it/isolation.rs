@@ -221,6 +221,45 @@ async fn a_result_whose_check_outlasts_its_time_limit_ends_at_the_limit() {
     );
 }
 
+/// A component of 64 MiB compiles to hundreds of MiB: the components kept loaded are bounded
+/// by the bytes of their code, not only by their number. One too heavy to keep still runs.
+#[tokio::test]
+async fn loaded_components_are_bounded_by_the_bytes_of_their_code() {
+    // So many allowed that each component weighs its own code (see `max_loaded_component_bytes`).
+    let open = |bytes: u64| {
+        Host::open(HostConfig {
+            max_loaded_components: 1 << 20,
+            max_loaded_component_bytes: bytes,
+            ..crate::plugins::config()
+        })
+    };
+    let install_and_call = async |host: &Host| {
+        for plugin in ["text_stats", "probe"] {
+            host.install("acme", crate::plugins::plugin(plugin))
+                .await
+                .unwrap();
+        }
+        let acme = Caller::tenant("acme");
+        let stats = host.call(&acme, "text_stats", json!({"text": "a b"})).await;
+        assert!(stats.result.is_ok(), "{:?}", stats.result);
+        let nap = host.call(&acme, "nap", json!({"ms": 0})).await;
+        assert!(nap.result.is_ok(), "{:?}", nap.result);
+    };
+    let roomy = open(HostConfig::default().max_loaded_component_bytes)
+        .await
+        .unwrap();
+    install_and_call(&roomy).await;
+    assert_eq!(roomy.loaded_components(), 2);
+    let both = roomy.loaded_component_bytes();
+    let snug = open(both - 1).await.unwrap();
+    install_and_call(&snug).await;
+    assert_eq!(snug.loaded_components(), 1);
+    assert!(snug.loaded_component_bytes() < both);
+    let none = open(1).await.unwrap();
+    install_and_call(&none).await;
+    assert_eq!(none.loaded_components(), 0);
+}
+
 /// A result is parsed before it is clipped, and parsed JSON takes many times its text: a
 /// 100 MiB array once cost the host 5.4 GiB. Text over `MAX_RESULT_BYTES` is refused unread.
 #[tokio::test]

@@ -17,8 +17,9 @@ use crate::metrics::{ComponentSource, Metrics};
 pub(crate) struct Components {
     sandbox: Arc<Sandbox>,
     store: Arc<dyn Store>,
-    /// By component sha256; past the cap the least recently used is dropped.
-    loaded: quick_cache::sync::Cache<String, Prepared>,
+    /// By component sha256, weighed by its code; past the cap the least recently used is
+    /// dropped.
+    loaded: quick_cache::sync::Cache<String, Prepared, ByCode>,
     /// Artifacts shared on this machine's disk, checked before compiling.
     artifact_dir: Option<ArtifactDir>,
     /// Only artifacts sealed with this key are ever deserialized.
@@ -38,12 +39,25 @@ pub(crate) struct NewComponent {
     sealed: Option<Vec<u8>>,
 }
 
+/// A loaded component weighs its compiled code, and at least `floor`: at most
+/// `max_loaded_components` fit, however small.
+#[derive(Clone)]
+struct ByCode {
+    floor: u64,
+}
+
+impl quick_cache::Weighter<String, Prepared> for ByCode {
+    fn weight(&self, _sha: &String, prepared: &Prepared) -> u64 {
+        (prepared.bytes() as u64).max(self.floor)
+    }
+}
+
 impl Components {
     /// The key is the artifact directory's, else the data directory's, else this process's.
     pub fn new(
         sandbox: Arc<Sandbox>,
         store: Arc<dyn Store>,
-        max_loaded: usize,
+        (max_loaded, max_loaded_bytes): (usize, u64),
         (artifact_dir, data_dir): (Option<&Path>, Option<&Path>),
         metrics: Arc<Metrics>,
     ) -> Result<Self, OpenError> {
@@ -59,10 +73,27 @@ impl Components {
             (None, Some(path)) => (None, Seal::in_dir(path).map_err(fail(path))?),
             (None, None) => (None, Seal::ephemeral().map_err(fail(Path::new("")))?),
         };
+        let max_loaded = max_loaded.max(1);
+        let weigher = ByCode {
+            floor: (max_loaded_bytes / max_loaded as u64).max(1),
+        };
+        // One shard: each shard holds its share of the bytes, and a large component must fit.
+        let options = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(max_loaded)
+            .weight_capacity(max_loaded_bytes)
+            .shards(1)
+            .build()
+            .expect("capacities are set");
+        let loaded = quick_cache::sync::Cache::with_options(
+            options,
+            weigher,
+            Default::default(),
+            Default::default(),
+        );
         Ok(Components {
             sandbox,
             store,
-            loaded: quick_cache::sync::Cache::new(max_loaded.max(1)),
+            loaded,
             artifact_dir,
             seal: Arc::new(seal),
             metrics,
@@ -89,6 +120,11 @@ impl Components {
     /// Linked components in memory now.
     pub fn loaded(&self) -> usize {
         self.loaded.len()
+    }
+
+    /// What they weigh (see [`ByCode`]).
+    pub fn loaded_bytes(&self) -> u64 {
+        self.loaded.weight()
     }
 
     /// Compiles (or finds the stored artifact of) an uploaded component and links it.

@@ -46,6 +46,11 @@ pub struct HostConfig {
     /// Linked components kept in memory; past this the least recently used is dropped and
     /// reloaded from its stored artifact on its next call.
     pub max_loaded_components: usize,
+    /// Bytes of compiled code those components may hold together (each weighs its artifact,
+    /// at least this over `max_loaded_components`): a component of 64 MiB compiles to
+    /// hundreds of MiB, so a count alone would let a few tenants' components fill memory.
+    /// One heavier than this runs, loaded again at each call.
+    pub max_loaded_component_bytes: u64,
     /// A directory on this machine where compiled artifacts are shared, checked before
     /// compiling: hosts (and test runs) that share it compile each component once per engine.
     pub artifact_dir: Option<PathBuf>,
@@ -91,6 +96,7 @@ impl Default for HostConfig {
             durable: DurableConfig::default(),
             sandbox: SandboxConfig::default(),
             max_loaded_components: 256,
+            max_loaded_component_bytes: 2 << 30,
             artifact_dir: None,
             secrets_key: None,
             store_cache_bytes: 64 << 20,

@@ -96,7 +96,10 @@ impl Host {
         let components = Components::new(
             Arc::new(sandbox),
             store.clone(),
-            config.max_loaded_components,
+            (
+                config.max_loaded_components,
+                config.max_loaded_component_bytes,
+            ),
             (config.artifact_dir.as_deref(), config.data_dir.as_deref()),
             metrics.clone(),
         )?;
@@ -265,6 +268,12 @@ impl Host {
     /// Linked components in memory now (bounded by `max_loaded_components`).
     pub fn loaded_components(&self) -> usize {
         self.components.loaded()
+    }
+
+    /// What the linked components in memory weigh, in bytes of compiled code (bounded by
+    /// `max_loaded_component_bytes`).
+    pub fn loaded_component_bytes(&self) -> u64 {
+        self.components.loaded_bytes()
     }
 
     /// Sets a configuration value of `tenant`, readable by its tools that declare `key`.

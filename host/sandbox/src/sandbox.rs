@@ -263,6 +263,15 @@ pub struct Prepared {
     plugin: Option<PluginPre>,
     /// Set for the JavaScript runtime (the `js-runtime` world).
     pub(crate) js: Option<JsRuntimePre<CallState>>,
+    /// Bytes of the artifact it was loaded from: about the memory it holds (its code).
+    bytes: usize,
+}
+
+impl Prepared {
+    /// About the memory it holds: the bytes of its compiled artifact.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 /// A tool component, of the `toolhost:plugin` version it was built against.
@@ -413,7 +422,11 @@ impl Sandbox {
                 Err(_) => return Err(LoadError::Link(format!("{current:#}"))),
             },
         };
-        Ok(Prepared { plugin, js })
+        Ok(Prepared {
+            plugin,
+            js,
+            bytes: artifact.len(),
+        })
     }
 
     /// Asks a component for its tools.
