@@ -440,6 +440,58 @@ async fn a_restart_reuses_the_stored_search_vectors() {
     assert_eq!(restarted_encoder.encoded(), 1, "only the query");
 }
 
+/// Each changed description leaves a stored vector behind: collecting removes those of texts
+/// no tool has now, and nothing a tool needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_search_vectors_of_replaced_texts_are_collected() {
+    let Some(encoder) = search_model() else {
+        return;
+    };
+    let host = Arc::new(Host::open(crate::plugins::config()).await.unwrap());
+    let weather = |description: &str| {
+        let spec = json!({"name": "weather", "description": description,
+                          "parameters": {"type": "object"}});
+        let def = json!({"spec": spec, "request": {"method": "get", "url": "http://127.0.0.1:9/"}});
+        serde_json::from_value(def).unwrap()
+    };
+    host.install_http("acme", weather("Reports the weather."))
+        .await
+        .unwrap();
+    host.install_http("globex", weather("Forecasts rain."))
+        .await
+        .unwrap();
+    let with = |encoder: Arc<SentenceEncoder>| {
+        let config = DisclosureConfig {
+            enabled: Mode::On,
+            search_model: Some(encoder),
+            ..DisclosureConfig::default()
+        };
+        Disclosure::new(host.clone(), config)
+    };
+    let search = async |disclosure: &Disclosure, tenant: &str| {
+        let query = json!({"query": "weather"});
+        (disclosure
+            .call(&Caller::tenant(tenant), TOOL_SEARCH, query)
+            .await)
+            .unwrap();
+    };
+    let disclosure = with(encoder);
+    search(&disclosure, "acme").await;
+    search(&disclosure, "globex").await;
+    host.install_http("acme", weather("Tells the temperature outside."))
+        .await
+        .unwrap();
+    search(&disclosure, "acme").await;
+    assert_eq!(disclosure.collect_vectors().await.unwrap(), 1);
+    assert_eq!(disclosure.collect_vectors().await.unwrap(), 0);
+    // What is left is what the tools need: searching again encodes only the queries.
+    let fresh = search_model().unwrap();
+    let again = with(fresh.clone());
+    search(&again, "acme").await;
+    search(&again, "globex").await;
+    assert_eq!(fresh.encoded(), 2, "only the queries");
+}
+
 /// The bridges check their arguments against the schemas they list, as any tool does.
 #[tokio::test]
 async fn the_bridges_enforce_their_own_input_schemas() {

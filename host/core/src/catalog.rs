@@ -249,6 +249,11 @@ impl Catalog {
         &self.natives
     }
 
+    /// Tenants with tools of their own.
+    pub fn tenants_with_tools(&self) -> Vec<String> {
+        self.tools.tenants()
+    }
+
     /// Native first: a tenant never shadows a native name.
     pub fn resolve(&self, tenant: &str, name: &str) -> Option<Resolved> {
         match self.natives.get(name) {

@@ -207,6 +207,11 @@ impl Host {
         Ok(spec)
     }
 
+    /// Tenants with tools of their own installed, as this node knows them.
+    pub fn tenants_with_tools(&self) -> Vec<String> {
+        self.catalog.tenants_with_tools()
+    }
+
     /// Tools an agent of `tenant` may see: natives, then the tenant's own. Private ones are left out.
     pub fn list(&self, tenant: &str) -> Vec<ToolInfo> {
         self.catalog.list(tenant)

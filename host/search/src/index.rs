@@ -153,12 +153,22 @@ impl ToolVectors {
         }
     }
 
+    /// What this model's keys in the cache start with.
+    pub fn prefix(&self) -> String {
+        format!("{}/", self.encoder.fingerprint())
+    }
+
+    /// The cache key of `spec`'s vector: what a collection of vectors no tool needs keeps.
+    pub fn key(&self, spec: &ToolSpec) -> String {
+        self.key_of(&embedding_text(spec))
+    }
+
+    fn key_of(&self, text: &str) -> String {
+        format!("{}{}", self.prefix(), sha256_hex(text.as_bytes()))
+    }
+
     fn get(&self, text: &str) -> Arc<[f32]> {
-        let key = format!(
-            "{}/{}",
-            self.encoder.fingerprint(),
-            sha256_hex(text.as_bytes())
-        );
+        let key = self.key_of(text);
         let memory = || self.memory.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(v) = memory().get(&key) {
             return v.clone();

@@ -4,7 +4,7 @@
 //! `tool_call` goes through [`Host::call`], so validation, limits and every other step of the
 //! pipeline apply exactly as to a direct call.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -107,14 +107,52 @@ impl quick_cache::Weighter<String, Arc<TenantIndex>> for ByTools {
     }
 }
 
+/// How often the stored search vectors of texts no tool has any more are removed.
+const COLLECT_VECTORS_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes the stored vectors of `vectors`' model whose text no tool has now: each changed
+/// description leaves one behind, and nothing else would ever remove it. How many.
+async fn collect_vectors(
+    host: &Host,
+    vectors: &ToolVectors,
+) -> Result<usize, toolhost::StoreError> {
+    let mut keep = HashSet::new();
+    // The natives are in every tenant's list, and alone in that of a tenant with no tools.
+    for tenant in host
+        .tenants_with_tools()
+        .iter()
+        .map(String::as_str)
+        .chain([""])
+    {
+        keep.extend(host.list(tenant).iter().map(|tool| vectors.key(&tool.spec)));
+    }
+    host.store()
+        .retain_search_vectors(&vectors.prefix(), &keep)
+        .await
+}
+
 impl Disclosure {
-    /// Disclosure of `host`'s catalogs under `config`.
+    /// Disclosure of `host`'s catalogs under `config`; with a search model, its stored
+    /// vectors are collected every hour.
     pub fn new(host: Arc<Host>, config: DisclosureConfig) -> Self {
         let tool_vectors = config.search_model.clone().map(|encoder| {
             let store = host.store().clone();
             let cache: Arc<dyn VectorCache> = Arc::new(StoreVectors(store, Handle::current()));
             Arc::new(ToolVectors::new(encoder, Some(cache)))
         });
+        if let Some(vectors) = tool_vectors.clone() {
+            let host = Arc::downgrade(&host);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(COLLECT_VECTORS_EVERY).await;
+                    let Some(host) = host.upgrade() else { return };
+                    match collect_vectors(&host, &vectors).await {
+                        Ok(removed) => tracing::debug!(removed, "search vectors collected"),
+                        Err(error) => tracing::warn!(%error, "search vectors not collected"),
+                    }
+                }
+            });
+        }
         let bridge_args = bridges(&config)
             .into_iter()
             .map(|spec| {
@@ -128,6 +166,15 @@ impl Disclosure {
             indexes: quick_cache::sync::Cache::with_weighter(256, INDEXED_TOOLS, ByTools),
             tool_vectors,
             bridge_args,
+        }
+    }
+
+    /// Removes the stored search vectors that no tool's text needs now (done every hour
+    /// with a search model); how many.
+    pub async fn collect_vectors(&self) -> Result<usize, toolhost::StoreError> {
+        match &self.tool_vectors {
+            Some(vectors) => collect_vectors(&self.host, vectors).await,
+            None => Ok(0),
         }
     }
 

@@ -458,6 +458,13 @@ pub trait Store: Send + Sync {
     async fn search_vector(&self, key: &str) -> Result<Option<Vec<u8>>>;
     /// Committed lazily: a vector lost in a crash is encoded again.
     async fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()>;
+    /// Removes the vectors whose key starts with `prefix` (one model's) and is not in `keep`
+    /// (no longer any tool's text); how many.
+    async fn retain_search_vectors(
+        &self,
+        prefix: &str,
+        keep: &std::collections::HashSet<String>,
+    ) -> Result<usize>;
 
     /// Queues a durable call ([`DurableState::Queued`]).
     async fn durable_put(&self, call: &DurableCall) -> Result<()>;

@@ -1000,6 +1000,29 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn retain_search_vectors(
+        &self,
+        prefix: &str,
+        keep: &std::collections::HashSet<String>,
+    ) -> Result<usize> {
+        let keys: Vec<String> =
+            sqlx::query_scalar("SELECT key FROM search_vectors WHERE starts_with(key, $1)")
+                .bind(prefix)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend)?;
+        let stale: Vec<String> = keys.into_iter().filter(|k| !keep.contains(k)).collect();
+        if stale.is_empty() {
+            return Ok(0);
+        }
+        let removed = sqlx::query("DELETE FROM search_vectors WHERE key = ANY($1)")
+            .bind(&stale)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(removed.rows_affected() as usize)
+    }
+
     async fn durable_put(&self, call: &DurableCall) -> Result<()> {
         let mut tx = self.begin().await?;
         write_durable(&mut tx, call, true).await?;

@@ -7,6 +7,7 @@
 //! | `blob_shas` | component sha256 (hex)         | nothing: the list of `blobs`' keys        |
 //! | `sealed_artifacts` | `sha256 : engine fingerprint` | the artifact as the host sealed it (the host checks the seal) |
 //! | `cache`     | `tenant \0` sha256 of (tool, version, key) | expiry (u64 BE ms), then result JSON |
+//! | `cache_expiry` | `tenant \0` expiry (u64 BE ms), the rest of the `cache` key | nothing |
 //! | `kv`        | `tenant \0 tool \0 key`        | the value bytes                           |
 //! | `config`    | `tenant \0 key`                | [`ConfigValue`] JSON                      |
 //! | `policies`  | `tenant`                       | [`TenantPolicy`] JSON                     |
@@ -1070,6 +1071,36 @@ impl RedbFile {
         self.put(SEARCH_VECTORS, key.as_bytes(), vector, Commit::Lazy)
     }
 
+    fn retain_search_vectors(
+        &self,
+        prefix: &str,
+        keep: &std::collections::HashSet<String>,
+    ) -> Result<usize> {
+        let stale = self.read(SEARCH_VECTORS, |vectors| {
+            let mut stale = Vec::new();
+            for entry in vectors.range(prefix.as_bytes()..).map_err(backend)? {
+                let key = entry.map_err(backend)?.0.value().to_vec();
+                if !key.starts_with(prefix.as_bytes()) {
+                    break;
+                }
+                if !std::str::from_utf8(&key).is_ok_and(|key| keep.contains(key)) {
+                    stale.push(key);
+                }
+            }
+            Ok(stale)
+        })?;
+        if stale.is_empty() {
+            return Ok(0);
+        }
+        self.write(Commit::Lazy, |tx| {
+            let mut vectors = tx.open_table(SEARCH_VECTORS)?;
+            for key in &stale {
+                vectors.remove(&key[..])?;
+            }
+            Ok(stale.len())
+        })
+    }
+
     fn health(&self) -> std::result::Result<(), String> {
         let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
         if failing.is_none()
@@ -1414,6 +1445,16 @@ impl Store for RedbStore {
     async fn put_search_vector(&self, key: &str, vector: &[u8]) -> Result<()> {
         let (key, vector) = (key.to_owned(), vector.to_vec());
         self.blocking(move |file| file.put_search_vector(&key, &vector))
+            .await
+    }
+
+    async fn retain_search_vectors(
+        &self,
+        prefix: &str,
+        keep: &std::collections::HashSet<String>,
+    ) -> Result<usize> {
+        let (prefix, keep) = (prefix.to_owned(), keep.clone());
+        self.blocking(move |file| file.retain_search_vectors(&prefix, &keep))
             .await
     }
 

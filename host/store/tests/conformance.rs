@@ -76,6 +76,7 @@ conformance!(
     tenants_keys_and_policies_round_trip,
     a_held_call_is_removed_once,
     search_vectors_round_trip,
+    search_vectors_of_no_tool_are_removed,
     a_durable_call_goes_to_one_claimer,
     a_stalled_durable_call_runs_again_only_while_it_has_retries,
     ended_durable_calls_are_purged,
@@ -473,6 +474,19 @@ async fn search_vectors_round_trip(store: Arc<dyn Store>) {
         store.search_vector("m:1").await.unwrap(),
         Some(vec![1, 2, 3])
     );
+}
+
+async fn search_vectors_of_no_tool_are_removed(store: Arc<dyn Store>) {
+    for key in ["m1/a", "m1/b", "m1/c", "m2/a", "m10/a"] {
+        store.put_search_vector(key, &[1]).await.unwrap();
+    }
+    let keep = ["m1/a".to_owned(), "m1/c".to_owned()].into();
+    assert_eq!(store.retain_search_vectors("m1/", &keep).await.unwrap(), 1);
+    assert_eq!(store.search_vector("m1/b").await.unwrap(), None);
+    for key in ["m1/a", "m1/c", "m2/a", "m10/a"] {
+        assert!(store.search_vector(key).await.unwrap().is_some(), "{key}");
+    }
+    assert_eq!(store.retain_search_vectors("m1/", &keep).await.unwrap(), 0);
 }
 
 /// PostgreSQL only: what one node writes, another hears of.
