@@ -1605,21 +1605,16 @@ mod tests {
     fn the_expiry_index_names_each_cached_result_once() {
         let store = RedbFile::temporary().unwrap();
         let (now, value, no_quota) = (now_ms(), serde_json::json!("result"), u64::MAX);
-        store
-            .cache_put("acme", b"a", now + 60_000, &value, no_quota)
-            .unwrap();
-        store
-            .cache_put("acme", b"a", now + 90_000, &value, no_quota)
-            .unwrap();
-        store
-            .cache_put("acme", b"soon", now + 20, &value, no_quota)
-            .unwrap();
-        store
-            .cache_put("acme\u{1}", b"x", now + 20, &value, no_quota)
-            .unwrap();
-        store
-            .cache_put("globex", b"soon", now + 20, &value, no_quota)
-            .unwrap();
+        let puts: [(&str, &[u8], u64); 5] = [
+            ("acme", b"a", now + 60_000),
+            ("acme", b"a", now + 90_000),
+            ("acme", b"soon", now + 20),
+            ("acme\u{1}", b"x", now + 20),
+            ("globex", b"soon", now + 20),
+        ];
+        for (tenant, key, expires_at_ms) in puts {
+            (store.cache_put(tenant, key, expires_at_ms, &value, no_quota)).unwrap();
+        }
         let (indexed, cached) = expiry_index(&store);
         assert_eq!((indexed.len(), &indexed), (4, &cached));
         std::thread::sleep(std::time::Duration::from_millis(30));
