@@ -78,9 +78,12 @@ impl Components {
             floor: (max_loaded_bytes / max_loaded as u64).max(1),
         };
         // One shard: each shard holds its share of the bytes, and a large component must fit.
+        // All of it hot: a cold part would refuse what weighs more than the hot part, so
+        // `max_loaded_components` of at least the floor's weight would not all fit.
         let options = quick_cache::OptionsBuilder::new()
             .estimated_items_capacity(max_loaded)
             .weight_capacity(max_loaded_bytes)
+            .hot_allocation(1.0)
             .shards(1)
             .build()
             .expect("capacities are set");

@@ -140,12 +140,15 @@ impl Disclosure {
             let cache: Arc<dyn VectorCache> = Arc::new(StoreVectors(store, Handle::current()));
             Arc::new(ToolVectors::new(encoder, Some(cache)))
         });
-        if let Some(vectors) = tool_vectors.clone() {
-            let host = Arc::downgrade(&host);
+        if let Some(vectors) = &tool_vectors {
+            // Held weakly: the task must not keep the host, or its store, open.
+            let (host, vectors) = (Arc::downgrade(&host), Arc::downgrade(vectors));
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(COLLECT_VECTORS_EVERY).await;
-                    let Some(host) = host.upgrade() else { return };
+                    let (Some(host), Some(vectors)) = (host.upgrade(), vectors.upgrade()) else {
+                        return;
+                    };
                     match collect_vectors(&host, &vectors).await {
                         Ok(removed) => tracing::debug!(removed, "search vectors collected"),
                         Err(error) => tracing::warn!(%error, "search vectors not collected"),
