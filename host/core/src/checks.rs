@@ -6,7 +6,6 @@
 //! thread may run on after that, holding only its tenant's places and idle CPU.
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use serde_json::Value;
 use tokio::time::{Instant, timeout_at};
@@ -41,14 +40,15 @@ impl Against {
 }
 
 /// `value` checked against `tool`'s schema: `Err` is the call's error when the check did not
-/// end within `limit_ms`, or could not start. A tool whose schemas do not compile, or that has
-/// no such schema, passes: its caller reports the first.
+/// end by `deadline` (a timeout naming the call's `limit_ms`), or could not start. A tool
+/// whose schemas do not compile, or that has no such schema, passes: its caller reports the
+/// first.
 pub(crate) async fn check(
     tenant: &str,
     tool: &Resolved,
     against: Against,
     value: &mut Value,
-    limit_ms: u64,
+    (deadline, limit_ms): (std::time::Instant, u64),
 ) -> Result<Result<(), Vec<ArgError>>, CallError> {
     let Some(validator) = against.validator(tool) else {
         return Ok(Ok(()));
@@ -56,7 +56,7 @@ pub(crate) async fn check(
     if validator.checks_inline(value) {
         return Ok(validator.validate(value));
     }
-    let deadline = Instant::now() + Duration::from_millis(limit_ms);
+    let deadline = Instant::from_std(deadline);
     let timed_out = || CallError::Timeout { limit_ms };
     let place = (timeout_at(deadline, CHECKS.take(tenant)).await).map_err(|_| timed_out())?;
     let (tool, taken) = (tool.clone(), std::mem::take(value));

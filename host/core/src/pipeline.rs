@@ -239,8 +239,11 @@ impl Pipeline {
             outcome.result = Err(CallError::Internal { message });
             return;
         }
-        let limit_ms = budget.narrow(&spec.limits).timeout_ms;
-        match checks::check(&ctx.tenant, tool, Against::Args, &mut args, limit_ms).await {
+        // The call's timeout counts from here: its check, its wait for a place, its run.
+        let checked_at = Instant::now();
+        let limits = budget.narrow(&spec.limits);
+        let within = (checked_at + limits.timeout(), limits.timeout_ms);
+        match checks::check(&ctx.tenant, tool, Against::Args, &mut args, within).await {
             Ok(Ok(())) => {}
             Ok(Err(errors)) => {
                 outcome.result = Err(CallError::InvalidArgs { errors });
@@ -270,7 +273,13 @@ impl Pipeline {
         } else {
             let run = async {
                 if let Some((first, _place)) = self
-                    .enter_share(tool, ctx, policy.share_weight, budget, outcome)
+                    .enter_share(
+                        tool,
+                        ctx,
+                        (policy.share_weight, checked_at),
+                        budget,
+                        outcome,
+                    )
                     .await
                 {
                     // `_place` holds the call tree's place in its tenant's share until the
@@ -307,7 +316,7 @@ impl Pipeline {
         &self,
         tool: &Resolved,
         ctx: &CallContext,
-        weight: Option<u32>,
+        (weight, since): (Option<u32>, Instant),
         budget: Budget,
         outcome: &mut CallOutcome,
     ) -> Option<(Budget, Option<OwnedSemaphorePermit>)> {
@@ -316,7 +325,7 @@ impl Pipeline {
         }
         let limits = &tool.spec().limits;
         let queued = Instant::now();
-        let deadline = queued + limits.timeout();
+        let deadline = since + limits.timeout();
         let weight = weight.unwrap_or(1);
         let entered = self.shares.enter(&ctx.tenant, weight, deadline).await;
         outcome.queued = queued.elapsed();
@@ -440,11 +449,14 @@ impl Pipeline {
             0
         };
         let mut result = Err(CallError::Timeout { limit_ms: 0 });
+        // The last attempt's: the result's check counts against it too.
+        let mut deadline = Instant::now();
         for attempt in 0..=retries {
             outcome.retries = attempt;
             // Narrowed again on each attempt: a nested call stays within its caller's time,
             // and a first attempt within what queueing left of its timeout.
             let limits = if attempt == 0 { first } else { budget }.narrow(&spec.limits);
+            deadline = Instant::now() + limits.timeout();
             // A timeout names the limit the call had, not what queueing left of it.
             let limit_ms = budget.narrow(&spec.limits).timeout_ms;
             result = match tool {
@@ -472,8 +484,8 @@ impl Pipeline {
             }
         }
         if let Ok(value) = &mut result {
-            let limit_ms = budget.narrow(&spec.limits).timeout_ms;
-            match checks::check(&ctx.tenant, tool, Against::Output, value, limit_ms).await {
+            let within = (deadline, budget.narrow(&spec.limits).timeout_ms);
+            match checks::check(&ctx.tenant, tool, Against::Output, value, within).await {
                 Ok(Ok(())) => {}
                 Ok(Err(errors)) => {
                     let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();

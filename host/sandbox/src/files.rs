@@ -159,20 +159,24 @@ pub(crate) struct FilesQuota {
 
 impl FilesQuota {
     /// Counts the new entry `path`, or logs why not.
-    fn add_entry(&self, path: &str) -> bool {
+    fn add_entry(&self, path: &str) -> FsResult<()> {
         match self.budget.add_entry() {
-            Ok(()) => true,
-            Err(held) => {
-                self.helpers.log(
-                    Level::Warn,
-                    &format!(
-                        "files: `{path}` was not created: the tenant's files hold {held} files, \
-                         directories and links, its most"
-                    ),
-                );
-                false
-            }
+            Ok(()) => Ok(()),
+            Err(_) => self.refused_entry(path),
         }
+    }
+
+    /// Logs that `path` was not made, and says so to the guest.
+    fn refused_entry<T>(&self, path: &str) -> FsResult<T> {
+        let held = self.budget.entries();
+        self.helpers.log(
+            Level::Warn,
+            &format!(
+                "files: `{path}` was not created: the tenant's files hold {held} files, \
+                 directories and links, its most"
+            ),
+        );
+        Err(ErrorCode::Quota.into())
     }
 
     fn charge(&self, bytes: u64) -> bool {
@@ -301,22 +305,18 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
                     }
                     _ => 0,
                 };
-                let creates = quota.is_some()
-                    && open_flags.contains(OpenFlags::CREATE)
-                    && !exists(&mut view, &fd, path_flags, &path).await;
-                if let Some(quota) = &quota
-                    && creates
-                    && !quota.add_entry(&path)
-                {
-                    return Ok((Err(ErrorCode::Quota),));
-                }
-                let opened =
-                    HostDescriptor::open_at(&mut view, fd, path_flags, path, open_flags, flags)
-                        .await;
-                match (&quota, &opened) {
-                    (Some(quota), Ok(_)) => quota.budget.refund(truncated),
-                    (Some(quota), Err(_)) if creates => quota.budget.remove_entry(),
-                    _ => {}
+                let opened = match &quota {
+                    Some(quota) if open_flags.contains(OpenFlags::CREATE) => {
+                        let how = (path_flags, path.as_str(), open_flags, flags);
+                        open_counting(&mut view, quota, &fd, how).await?
+                    }
+                    _ => {
+                        HostDescriptor::open_at(&mut view, fd, path_flags, path, open_flags, flags)
+                            .await
+                    }
+                };
+                if let (Some(quota), Ok(_)) = (&quota, &opened) {
+                    quota.budget.refund(truncated);
                 }
                 let held = match opened.as_ref().map(|fd| view.table.get(fd)) {
                     Ok(Ok(Descriptor::File(file))) => Some(Arc::downgrade(&file.file)),
@@ -426,15 +426,47 @@ async fn sole_file_size(
     }
 }
 
-/// Whether something is at `path` under `dir`.
-async fn exists(
+/// `open-at` with `create`, counting an entry only for a file it made: it asks for a new
+/// file first (`exclusive`), and if one is there opens that instead, asking again if it was
+/// removed in between. Looking before opening would let a removal between the two go
+/// uncounted, and the count drift down. At the most entries, an existing file still opens.
+async fn open_counting(
     view: &mut WasiFilesystemCtxView<'_>,
+    quota: &FilesQuota,
     dir: &Resource<Descriptor>,
-    path_flags: PathFlags,
-    path: &str,
-) -> bool {
-    let borrowed = Resource::new_borrow(dir.rep());
-    (HostDescriptor::stat_at(view, borrowed, path_flags, path.to_owned()).await).is_ok()
+    (path_flags, path, open_flags, flags): (PathFlags, &str, OpenFlags, DescriptorFlags),
+) -> wasmtime::Result<FsResult<Resource<Descriptor>>> {
+    let at = || Resource::new_borrow(dir.rep());
+    let only_new = open_flags.contains(OpenFlags::EXCLUSIVE);
+    for _ in 0..3 {
+        // Not logged yet: at the most, an existing file still opens.
+        let counted = quota.budget.add_entry().is_ok();
+        if counted {
+            let new = open_flags | OpenFlags::EXCLUSIVE;
+            let opened = HostDescriptor::open_at(view, at(), path_flags, path.into(), new, flags);
+            let error = match opened.await {
+                Ok(made) => return Ok(Ok(made)),
+                Err(error) => Host::convert_error_code(view, error)?,
+            };
+            quota.budget.remove_entry();
+            if error != ErrorCode::Exist || only_new {
+                return Ok(Err(error.into()));
+            }
+        } else if only_new {
+            return Ok(quota.refused_entry(path));
+        }
+        let existing = open_flags & !OpenFlags::CREATE;
+        match HostDescriptor::open_at(view, at(), path_flags, path.into(), existing, flags).await {
+            Err(error) => match Host::convert_error_code(view, error)? {
+                ErrorCode::NoEntry if counted => continue,
+                ErrorCode::NoEntry => return Ok(quota.refused_entry(path)),
+                error => return Ok(Err(error.into())),
+            },
+            found => return Ok(found),
+        }
+    }
+    // Made and removed by others three times over while this call looked.
+    Ok(Err(ErrorCode::Busy.into()))
 }
 
 /// Runs `make`, which makes the entry `path`, once the quota has counted it; a failed
@@ -444,10 +476,8 @@ async fn entry_made(
     path: &str,
     make: impl Future<Output = FsResult<()>>,
 ) -> FsResult<()> {
-    if let Some(quota) = quota
-        && !quota.add_entry(path)
-    {
-        return Err(ErrorCode::Quota.into());
+    if let Some(quota) = quota {
+        quota.add_entry(path)?;
     }
     let made = make.await;
     if let (Some(quota), Err(_)) = (quota, &made) {

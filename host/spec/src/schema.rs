@@ -129,13 +129,15 @@ pub fn compile(parameters: &Value, strict: bool) -> Result<ArgsValidator, String
 impl ArgsValidator {
     /// Whether checking `value` costs little enough to run where the call is: it meets no
     /// pattern, or its strings and property names, times the patterns one value may meet,
-    /// stay within [`MAX_INLINE_MATCH_BYTES`]. Otherwise the caller runs [`Self::validate`]
-    /// where it can stop waiting for it.
+    /// stay within [`MAX_INLINE_MATCH_BYTES`], and no two recursions meet at one value (a
+    /// failing report would match again at each level). Otherwise the caller runs
+    /// [`Self::validate`] where it can stop waiting for it.
     pub fn checks_inline(&self, value: &Value) -> bool {
-        self.cost.patterns == 0 || {
-            let budget = MAX_INLINE_MATCH_BYTES / self.cost.patterns;
-            string_bytes_within(value, budget).is_some()
-        }
+        self.cost.patterns == 0
+            || self.cost.recursions < 2 && {
+                let budget = MAX_INLINE_MATCH_BYTES / self.cost.patterns;
+                string_bytes_within(value, budget).is_some()
+            }
     }
 
     /// Every failing place in `args`, up to a bound.
@@ -379,6 +381,12 @@ mod tests {
         let tags = |n: usize| json!({"tags": ["a".repeat(n - "tags".len())]});
         assert!(patterned.checks_inline(&tags(half)));
         assert!(!patterned.checks_inline(&tags(half + 1)));
+        // Two recursions meeting at one value: never inline, however short.
+        let branch = json!({"type": "array", "items": {"$ref": "#/$defs/n"}});
+        let recursive = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}},
+            "$defs": {"n": {"anyOf": [branch, branch, {"type": "string", "pattern": "^x$"}]}}});
+        let recursive = compile(&recursive, false).unwrap();
+        assert!(!recursive.checks_inline(&json!({"a": [["x"]]})));
     }
 
     #[test]

@@ -458,18 +458,24 @@ fn index_cache_expiry(tx: &redb::WriteTransaction) -> std::result::Result<(), re
     Ok(())
 }
 
-/// Removes the cached result at `key` and its place in [`CACHE_EXPIRY`]; the bytes it held.
-fn remove_cached(
+/// Removes the cached result at `key`, if it has expired by `now_ms`, and its place in
+/// [`CACHE_EXPIRY`]; the bytes it held.
+fn remove_expired(
     tx: &redb::WriteTransaction,
     cache: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
     key: &[u8],
+    now_ms: u64,
 ) -> std::result::Result<i64, redb::Error> {
-    let Some(stored) = cache.remove(key)? else {
-        return Ok(0);
+    let expiry = match cache.get(key)? {
+        Some(stored) => cache_expiry(stored.value()),
+        None => return Ok(0),
     };
-    let stored = stored.value();
-    (tx.open_table(CACHE_EXPIRY)?).remove(&expiry_key(key, cache_expiry(stored))[..])?;
-    Ok(entry_bytes(key, Some(stored.len())))
+    if !cache_expired(expiry, now_ms) {
+        return Ok(0);
+    }
+    let removed = cache.remove(key)?.map(|stored| stored.value().len());
+    (tx.open_table(CACHE_EXPIRY)?).remove(&expiry_key(key, expiry)[..])?;
+    Ok(entry_bytes(key, removed))
 }
 
 /// Removes `tenant`'s expired results, found through [`CACHE_EXPIRY`]; the bytes they held.
@@ -483,9 +489,9 @@ fn purge_expired(
     let at = |ms: u64| [&prefix[..], &ms.to_be_bytes()].concat();
     // Expired, or further off than any TTL (the clock went back): as `cache_expired` says.
     let latest = now_ms.saturating_add(toolhost_spec::spec::CACHE_TTL_MS.max);
-    let mut expired = Vec::new();
+    let mut found = Vec::new();
+    let mut index = tx.open_table(CACHE_EXPIRY)?;
     {
-        let index = tx.open_table(CACHE_EXPIRY)?;
         let past = index.range(&at(0)[..]..&at(now_ms.saturating_add(1))[..])?;
         let too_far = index.range(&at(latest.saturating_add(1))[..]..)?;
         for entry in past.chain(too_far) {
@@ -493,12 +499,18 @@ fn purge_expired(
             if !key.starts_with(&prefix) {
                 break;
             }
-            expired.push(cache_key_of(&key));
+            found.push(key);
         }
     }
+    // Each place found goes; its result only if the result itself says it expired (a place
+    // left by a write the index missed names an older expiry).
+    for place in &found {
+        index.remove(&place[..])?;
+    }
+    drop(index);
     let mut freed = 0;
-    for key in expired {
-        freed += remove_cached(tx, cache, &key)?;
+    for place in &found {
+        freed += remove_expired(tx, cache, &cache_key_of(place), now_ms)?;
     }
     Ok(freed)
 }
@@ -869,8 +881,9 @@ impl RedbFile {
             return Ok(None);
         };
         if cache_expired(cache_expiry(&stored), now_ms) {
+            // Checked again in the write: a put since the read may have renewed it.
             self.write(Commit::Durable, |tx| {
-                let freed = remove_cached(tx, &mut tx.open_table(CACHE)?, &key)?;
+                let freed = remove_expired(tx, &mut tx.open_table(CACHE)?, &key, now_ms)?;
                 charge(tx, tenant, -freed)
             })?;
             return Ok(None);
@@ -946,7 +959,8 @@ impl RedbFile {
                 })
                 .collect();
             for key in &expired {
-                *freed.entry(key_tenant(key)).or_default() += remove_cached(tx, &mut cache, key)?;
+                let removed = remove_expired(tx, &mut cache, key, now_ms)?;
+                *freed.entry(key_tenant(key)).or_default() += removed;
             }
             for (tenant, bytes) in freed {
                 charge(tx, &tenant, -bytes)?;
@@ -1625,7 +1639,22 @@ mod tests {
             .unwrap();
         let (indexed, cached) = expiry_index(&store);
         assert_eq!((indexed.len(), &indexed), (4, &cached));
-        assert!(indexed.iter().all(|key| !key.ends_with(b"acme\0soon")));
+        assert!(indexed.iter().all(|key| cache_key_of(key) != b"acme\0soon"));
+        // A place an unindexed write left names an older expiry: the place goes, not the result.
+        let stale = expiry_key(b"acme\0a", 1);
+        (store.write(Commit::Durable, |tx| {
+            tx.open_table(CACHE_EXPIRY)?.insert(&stale[..], &[][..])?;
+            Ok(())
+        }))
+        .unwrap();
+        let quota = store.data_bytes("acme").unwrap();
+        assert!(
+            store
+                .cache_put("acme", b"c", now + 60_000, &value, quota)
+                .is_err()
+        );
+        assert!(store.cache_get("acme", b"a", now_ms()).unwrap().is_some());
+        assert_eq!(expiry_index(&store).0, indexed);
         assert_eq!(store.cache_get("globex", b"soon", now_ms()).unwrap(), None);
         assert_eq!(store.cache_purge(now_ms()).unwrap(), 1);
         let (indexed, cached) = expiry_index(&store);
