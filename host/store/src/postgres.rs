@@ -36,8 +36,14 @@ const CONTROL_CONNECTIONS: u32 = 3;
 const CHANNEL: &str = "toolhost_changes";
 
 /// The migrations, in order; a released one never changes (sqlx checks their checksums).
-const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "initial", include_str!("../migrations/0001_initial.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "initial", include_str!("../migrations/0001_initial.sql")),
+    (
+        2,
+        "cache tenant expiry",
+        include_str!("../migrations/0002_cache_tenant_expiry.sql"),
+    ),
+];
 
 /// The migrations as sqlx's migrator takes them: compiled in, so a node needs no files.
 #[derive(Debug)]
@@ -254,17 +260,27 @@ impl PgStore {
     ) -> Result<(usize, Vec<(String, i64)>)> {
         // An expiry further off than any TTL means the clock went back: expired too.
         let latest = now_ms.saturating_add(toolhost_spec::spec::CACHE_TTL_MS.max);
-        let rows = sqlx::query(
-            "DELETE FROM cache WHERE ($1::TEXT IS NULL OR tenant = $1) \
-             AND (expires_at_ms <= $2 OR expires_at_ms > $3) \
-             RETURNING tenant, length(key) AS key_len, octet_length(value) AS value_len",
-        )
-        .bind(tenant)
-        .bind(to_i64(now_ms))
-        .bind(to_i64(latest))
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(backend)?;
+        // Two statements rather than `$1 IS NULL OR tenant = $1`, which a generic plan could
+        // not answer from the (tenant, expiry) index.
+        let sql = match tenant {
+            Some(_) => {
+                "DELETE FROM cache WHERE tenant = $1 \
+                 AND (expires_at_ms <= $2 OR expires_at_ms > $3) \
+                 RETURNING tenant, length(key) AS key_len, octet_length(value) AS value_len"
+            }
+            None => {
+                "DELETE FROM cache WHERE $1::TEXT IS NULL \
+                 AND (expires_at_ms <= $2 OR expires_at_ms > $3) \
+                 RETURNING tenant, length(key) AS key_len, octet_length(value) AS value_len"
+            }
+        };
+        let rows = sqlx::query(sql)
+            .bind(tenant)
+            .bind(to_i64(now_ms))
+            .bind(to_i64(latest))
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(backend)?;
         let (count, mut freed): (usize, Vec<(String, i64)>) = (rows.len(), Vec::new());
         for row in rows {
             let owner: String = row.get("tenant");
