@@ -260,27 +260,24 @@ impl PgStore {
     ) -> Result<(usize, Vec<(String, i64)>)> {
         // An expiry further off than any TTL means the clock went back: expired too.
         let latest = now_ms.saturating_add(toolhost_spec::spec::CACHE_TTL_MS.max);
-        // Two statements rather than `$1 IS NULL OR tenant = $1`, which a generic plan could
+        // Two statements rather than `$3 IS NULL OR tenant = $3`, which a generic plan could
         // not answer from the (tenant, expiry) index.
         let sql = match tenant {
             Some(_) => {
-                "DELETE FROM cache WHERE tenant = $1 \
-                 AND (expires_at_ms <= $2 OR expires_at_ms > $3) \
+                "DELETE FROM cache WHERE (expires_at_ms <= $1 OR expires_at_ms > $2) \
+                 AND tenant = $3 \
                  RETURNING tenant, length(key) AS key_len, octet_length(value) AS value_len"
             }
             None => {
-                "DELETE FROM cache WHERE $1::TEXT IS NULL \
-                 AND (expires_at_ms <= $2 OR expires_at_ms > $3) \
+                "DELETE FROM cache WHERE (expires_at_ms <= $1 OR expires_at_ms > $2) \
                  RETURNING tenant, length(key) AS key_len, octet_length(value) AS value_len"
             }
         };
-        let rows = sqlx::query(sql)
-            .bind(tenant)
-            .bind(to_i64(now_ms))
-            .bind(to_i64(latest))
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(backend)?;
+        let mut query = sqlx::query(sql).bind(to_i64(now_ms)).bind(to_i64(latest));
+        if let Some(tenant) = tenant {
+            query = query.bind(tenant);
+        }
+        let rows = query.fetch_all(&mut **tx).await.map_err(backend)?;
         let (count, mut freed): (usize, Vec<(String, i64)>) = (rows.len(), Vec::new());
         for row in rows {
             let owner: String = row.get("tenant");
