@@ -85,9 +85,9 @@ impl Executors {
 
     /// Bytes the tenant's files hold, as its budget counts them (0 without a files
     /// directory).
-    pub async fn files_used(&self, tenant: &str, quota: u64) -> Result<u64, String> {
+    pub async fn files_used(&self, tenant: &str, policy: &TenantPolicy) -> Result<u64, String> {
         match &self.files {
-            Some(files) => Ok(files.budget(tenant, quota).await?.used()),
+            Some(files) => Ok(files.budget(tenant, policy).await?.used()),
             None => Ok(0),
         }
     }

@@ -73,7 +73,12 @@ impl TenantFiles {
     /// The tenant's budget, with its quota as the policy now sets it: counted from the
     /// tenant's files the first time, and again if a write was refused since the last count
     /// (deletes may have made room).
-    pub async fn budget(&self, tenant: &str, quota: u64) -> Result<Arc<FilesBudget>, String> {
+    pub async fn budget(
+        &self,
+        tenant: &str,
+        policy: &TenantPolicy,
+    ) -> Result<Arc<FilesBudget>, String> {
+        let quota = policy.files_quota();
         let known = self.lock().get(tenant).cloned();
         if let Some(counted) = &known {
             counted.budget.set_quota(quota);
@@ -84,7 +89,8 @@ impl TenantFiles {
             }
         }
         let root = self.root(tenant);
-        let held = tokio::task::spawn_blocking(move || count_under(&root))
+        let granted = granted_dirs(policy);
+        let held = tokio::task::spawn_blocking(move || count_under(&root, &granted))
             .await
             .map_err(|e| e.to_string())?;
         let budget = match known {
@@ -128,7 +134,7 @@ pub async fn permissions(
         return Ok(permissions);
     }
     let files = files.ok_or("filesystem grants need a data directory (HostConfig::data_dir)")?;
-    let budget = files.budget(tenant, policy.files_quota()).await?;
+    let budget = files.budget(tenant, policy).await?;
     let (root, dirs) = (files.root(tenant), grants.filesystem);
     permissions.dirs = tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(&root)
@@ -165,21 +171,31 @@ fn open_beneath(root: &Path, relative: &str) -> std::io::Result<OwnedFd> {
     Ok(dir)
 }
 
-/// Bytes of the regular files under `root`, and the entries below its top level, not
-/// following symlinks.
-fn count_under(root: &Path) -> FilesCount {
+/// Every directory the policy grants, relative to the tenant's root.
+fn granted_dirs(policy: &TenantPolicy) -> Vec<PathBuf> {
+    let grants = policy.grants.values().flat_map(|g| &g.filesystem);
+    grants.map(|grant| PathBuf::from(&grant.dir)).collect()
+}
+
+/// Bytes of the regular files under `root`, and the entries the tenant's tools made: all
+/// but the top level and the directories on the way to a `granted` one, which the host made.
+fn count_under(root: &Path, granted: &[PathBuf]) -> FilesCount {
     let mut count = FilesCount::default();
     let mut pending = vec![root.to_owned()];
     while let Some(dir) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
-        // The tenant's top level holds the granted directories, which the host made.
-        let made_by_guests = u64::from(dir != root);
+        let top_level = dir == *root;
         for entry in entries.flatten() {
-            count.entries += made_by_guests;
+            let path = entry.path();
+            let made_by_host = top_level
+                || path.strip_prefix(root).is_ok_and(|relative| {
+                    granted.iter().any(|grant| grant.starts_with(relative))
+                });
+            count.entries += u64::from(!made_by_host);
             match entry.metadata() {
-                Ok(meta) if meta.is_dir() => pending.push(entry.path()),
+                Ok(meta) if meta.is_dir() => pending.push(path),
                 Ok(meta) if meta.is_file() => count.bytes += meta.len(),
                 _ => {}
             }
@@ -236,6 +252,19 @@ mod tests {
             );
         }
         assert!(!outside.join("sub").exists(), "nothing was created outside");
+    }
+
+    #[test]
+    fn the_directories_on_the_way_to_a_grant_are_not_the_tenants_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        open_beneath(root, "a/b/c").unwrap();
+        std::fs::create_dir_all(root.join("a/made/deeper")).unwrap();
+        std::fs::write(root.join("a/b/c/file"), "12345").unwrap();
+        std::fs::write(root.join("a/b/file"), "678").unwrap();
+        let count = count_under(root, &[PathBuf::from("a/b/c")]);
+        // made, deeper, and the two files: not a, b or c.
+        assert_eq!(count, FilesCount { bytes: 8, entries: 4 });
     }
 
     #[test]

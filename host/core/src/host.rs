@@ -353,7 +353,7 @@ impl Host {
         let files = self
             .pipeline
             .exec
-            .files_used(tenant, policy.files_quota())
+            .files_used(tenant, &policy)
             .await
             .map_err(StoreError::Backend)?;
         Ok(DiskUsage {
