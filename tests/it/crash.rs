@@ -6,7 +6,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::plugins::plugins_dir;
 use serde_json::json;
 use toolhost::{Caller, Host, HostConfig, Source};
 
@@ -23,10 +22,7 @@ fn toolhost(data: &Path) -> Command {
 
 /// Another build of a plugin: same tools, other bytes (a custom section), so installs write.
 fn variant(dir: &Path, name: &str, round: usize) -> String {
-    let mut bytes = std::fs::read(plugins_dir().join(format!("{name}.wasm"))).unwrap();
-    let tag = format!("round-{round}");
-    bytes.extend([0, tag.len() as u8 + 1, tag.len() as u8]);
-    bytes.extend(tag.as_bytes());
+    let bytes = crate::plugins::variant(name, &format!("round-{round}"));
     let path = dir.join(format!("{name}-{round}.wasm"));
     std::fs::write(&path, bytes).unwrap();
     path.to_str().unwrap().to_owned()

@@ -261,6 +261,55 @@ async fn loaded_components_are_bounded_by_the_bytes_of_their_code() {
     assert_eq!(none.loaded_components(), 0);
 }
 
+/// One tenant installing and calling many components drops its own loaded ones, not the
+/// others': each tenant's hold at most a quarter of the cache.
+#[tokio::test]
+async fn a_tenant_with_many_components_drops_its_own_not_the_others() {
+    // Four places of 64 MiB, which weighs more than these plugins' code: one per tenant.
+    let host = Host::open(HostConfig {
+        max_loaded_components: 4,
+        max_loaded_component_bytes: 4 * (64 << 20),
+        ..crate::plugins::config()
+    })
+    .await
+    .unwrap();
+    let loads_from_storage = || {
+        let text = host.metrics().render();
+        let count = |source: &str| {
+            let series = format!("toolhost_component_loads_total{{source=\"{source}\"}} ");
+            let line = text.lines().find(|l| l.starts_with(&series));
+            line.map_or(0, |l| l[series.len()..].parse::<u64>().unwrap())
+        };
+        count("artifact") + count("compiled")
+    };
+    host.install("acme", crate::plugins::plugin("text_stats"))
+        .await
+        .unwrap();
+    let acme = Caller::tenant("acme");
+    let stats = host.call(&acme, "text_stats", json!({"text": "a b"})).await;
+    assert!(stats.result.is_ok(), "{:?}", stats.result);
+    let globex = Caller::tenant("globex");
+    for round in 0..8 {
+        let variant = crate::plugins::variant("legacy_v0_1", &format!("round-{round}"));
+        host.install("globex", variant).await.unwrap();
+        // Called again and again, so that the cache holds them as dearly as acme's (each
+        // call fails at its nested call, after the component is found).
+        for _ in 0..3 {
+            host.call(&globex, "legacy_echo", json!({"text": "a"}))
+                .await;
+        }
+        assert!(host.loaded_components() <= 2, "acme's and globex's newest");
+    }
+    let before = loads_from_storage();
+    let stats = host.call(&acme, "text_stats", json!({"text": "a b"})).await;
+    assert!(stats.result.is_ok(), "{:?}", stats.result);
+    assert_eq!(
+        loads_from_storage(),
+        before,
+        "acme's component stayed loaded"
+    );
+}
+
 /// A result is parsed before it is clipped, and parsed JSON takes many times its text: a
 /// 100 MiB array once cost the host 5.4 GiB. Text over `MAX_RESULT_BYTES` is refused unread.
 #[tokio::test]

@@ -57,6 +57,16 @@ pub fn plugin(name: &str) -> Vec<u8> {
     std::fs::read(plugins_dir().join(format!("{name}.wasm"))).unwrap()
 }
 
+/// The same component with a custom section appended: other bytes, other sha256, same tools.
+pub fn variant(name: &str, tag: &str) -> Vec<u8> {
+    let mut bytes = plugin(name);
+    let payload = [&[tag.len() as u8][..], tag.as_bytes()].concat();
+    bytes.push(0); // custom section id
+    bytes.push(payload.len() as u8);
+    bytes.extend(payload);
+    bytes
+}
+
 /// The JavaScript runtime component, built once per process by `scripts/build-js-runtime`.
 pub fn js_runtime() -> Vec<u8> {
     std::fs::read(js_runtime_path()).unwrap()

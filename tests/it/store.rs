@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::plugins::plugin;
+use crate::plugins::{plugin, variant};
 use serde_json::{Value, json};
 use toolhost::{
     CallError, CallOutcome, Caller, Host, HostConfig, InstallError, ManageError, Source, ToolError,
@@ -18,16 +18,6 @@ fn persistent(dir: &std::path::Path) -> HostConfig {
 
 async fn call(host: &Host, tenant: &str, tool: &str, args: Value) -> CallOutcome {
     host.call(&Caller::tenant(tenant), tool, args).await
-}
-
-/// The same component with a custom section appended: other bytes, other sha256, same tools.
-fn variant(name: &str, tag: &str) -> Vec<u8> {
-    let mut bytes = plugin(name);
-    let payload = [&[tag.len() as u8][..], tag.as_bytes()].concat();
-    bytes.push(0); // custom section id
-    bytes.push(payload.len() as u8);
-    bytes.extend(payload);
-    bytes
 }
 
 fn version_of(host: &Host, tenant: &str, tool: &str) -> (u32, String) {

@@ -285,7 +285,7 @@ impl Catalog {
         let changed = self
             .plan_versions(tenant, (SourceKind::Wasm, None), &specs, blob, code_quota)
             .await?;
-        self.components.keep(component).await?;
+        self.components.keep(tenant, component).await?;
         self.commit_versions(tenant, changed).await?;
         Ok(specs)
     }
@@ -317,7 +317,7 @@ impl Catalog {
         let runtime = self.js_runtime.clone().ok_or(InstallError::NoJsRuntime)?;
         let prepared = self
             .components
-            .prepared(&runtime)
+            .prepared(None, &runtime)
             .await
             .map_err(|message| InstallError::JsSource(format!("the runtime: {message}")))?;
         let described = self

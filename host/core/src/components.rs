@@ -1,10 +1,11 @@
 //! Components from bytes to a linked, ready-to-instantiate [`Prepared`]: compiled once per
 //! content and engine (the artifact kept, sealed, in the store and the artifact directory),
-//! loaded on first use, and held in a bounded cache. Concurrent first calls of one component
-//! load it once.
+//! loaded on first use, and held in a bounded cache, of which each tenant's calls hold at
+//! most a share. Concurrent first calls of one component load it once.
 
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use toolhost_sandbox::{LoadError, Prepared, Sandbox};
 use toolhost_spec::digest::sha256_hex;
@@ -19,7 +20,12 @@ pub(crate) struct Components {
     store: Arc<dyn Store>,
     /// By component sha256, weighed by its code; past the cap the least recently used is
     /// dropped.
-    loaded: quick_cache::sync::Cache<String, Prepared, ByCode>,
+    loaded: quick_cache::sync::Cache<String, Prepared, ByCode, RandomState, ForgetEvicted>,
+    /// Whose calls loaded what is in `loaded`; never locked while calling into it.
+    loaded_by: Arc<Mutex<LoadedBy>>,
+    weigher: ByCode,
+    /// What one tenant's components may weigh in `loaded`.
+    tenant_share: u64,
     /// Artifacts shared on this machine's disk, checked before compiling.
     artifact_dir: Option<ArtifactDir>,
     /// Only artifacts sealed with this key are ever deserialized.
@@ -46,10 +52,100 @@ struct ByCode {
     floor: u64,
 }
 
-impl quick_cache::Weighter<String, Prepared> for ByCode {
-    fn weight(&self, _sha: &String, prepared: &Prepared) -> u64 {
+impl ByCode {
+    fn of(&self, prepared: &Prepared) -> u64 {
         (prepared.bytes() as u64).max(self.floor)
     }
+}
+
+impl quick_cache::Weighter<String, Prepared> for ByCode {
+    fn weight(&self, _sha: &String, prepared: &Prepared) -> u64 {
+        self.of(prepared)
+    }
+}
+
+/// The loaded components each tenant holds at most: a quarter of the cache, so that one
+/// tenant calling many large components drops its own, not every other tenant's.
+const TENANT_SHARE_OF_LOADED: u64 = 4;
+
+type RandomState = std::hash::RandomState;
+
+/// Which tenant's call loaded each component in the cache, oldest first. A component two
+/// tenants call is charged to the one that loaded it; the JS runtime, which every JS tool
+/// runs on, to none (see [`Components::prepared`]).
+#[derive(Default)]
+struct LoadedBy {
+    tenant_of: HashMap<String, String>,
+    tenants: HashMap<String, TenantLoaded>,
+}
+
+#[derive(Default)]
+struct TenantLoaded {
+    /// Each component with its weight, oldest first.
+    shas: VecDeque<(String, u64)>,
+    weight: u64,
+}
+
+impl LoadedBy {
+    /// Charges `sha` (about to enter the cache) to `tenant`, unless it is charged already,
+    /// and returns the tenant's oldest components to drop to stay within `share`. The newest
+    /// stays, however heavy: it runs the call that loaded it.
+    fn charge(&mut self, tenant: &str, (sha, weight): (&str, u64), share: u64) -> Vec<String> {
+        if self.tenant_of.contains_key(sha) {
+            return Vec::new();
+        }
+        self.tenant_of.insert(sha.to_owned(), tenant.to_owned());
+        let held = self.tenants.entry(tenant.to_owned()).or_default();
+        held.shas.push_back((sha.to_owned(), weight));
+        held.weight += weight;
+        let mut over = Vec::new();
+        while held.weight > share && held.shas.len() > 1 {
+            let Some((oldest, weight)) = held.shas.pop_front() else {
+                break;
+            };
+            held.weight -= weight;
+            self.tenant_of.remove(&oldest);
+            over.push(oldest);
+        }
+        over
+    }
+
+    /// `sha` left the cache.
+    fn forget(&mut self, sha: &str) {
+        let Some(tenant) = self.tenant_of.remove(sha) else {
+            return;
+        };
+        let Some(held) = self.tenants.get_mut(&tenant) else {
+            return;
+        };
+        if let Some(at) = held.shas.iter().position(|(charged, _)| charged == sha) {
+            let (_, weight) = held.shas.remove(at).expect("found just now");
+            held.weight -= weight;
+        }
+        if held.shas.is_empty() {
+            self.tenants.remove(&tenant);
+        }
+    }
+}
+
+/// Keeps [`LoadedBy`] in step with the cache's own evictions.
+#[derive(Clone)]
+struct ForgetEvicted(Arc<Mutex<LoadedBy>>);
+
+impl quick_cache::Lifecycle<String, Prepared> for ForgetEvicted {
+    /// The evicted, dropped once the cache's lock is released: dropping one may unmap code.
+    type RequestState = Vec<Prepared>;
+
+    fn on_evict(&self, evicted: &mut Vec<Prepared>, sha: String, prepared: Prepared) {
+        lock(&self.0).forget(&sha);
+        evicted.push(prepared);
+    }
+}
+
+fn lock(loaded_by: &Mutex<LoadedBy>) -> std::sync::MutexGuard<'_, LoadedBy> {
+    loaded_by
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Components {
@@ -87,16 +183,21 @@ impl Components {
             .shards(1)
             .build()
             .expect("capacities are set");
+        let loaded_by = Arc::new(Mutex::new(LoadedBy::default()));
+        let forget = ForgetEvicted(loaded_by.clone());
         let loaded = quick_cache::sync::Cache::with_options(
             options,
-            weigher,
-            Default::default(),
-            Default::default(),
+            weigher.clone(),
+            RandomState::new(),
+            forget,
         );
         Ok(Components {
             sandbox,
             store,
             loaded,
+            loaded_by,
+            weigher,
+            tenant_share: max_loaded_bytes / TENANT_SHARE_OF_LOADED,
             artifact_dir,
             seal: Arc::new(seal),
             metrics,
@@ -153,26 +254,45 @@ impl Components {
         })
     }
 
-    /// Stores a checked component (once per sha256) and keeps it loaded.
-    pub async fn keep(&self, component: NewComponent) -> Result<(), StoreError> {
+    /// Stores a checked component (once per sha256) and keeps it loaded, charged to `tenant`.
+    pub async fn keep(&self, tenant: &str, component: NewComponent) -> Result<(), StoreError> {
         if let Some(sealed) = &component.sealed {
             let fingerprint = self.sandbox.fingerprint();
             self.store
                 .put_component(&component.sha, &component.bytes, fingerprint, sealed)
                 .await?;
         }
+        self.charge(tenant, &component.sha, &component.prepared);
         self.loaded.insert(component.sha, component.prepared);
         Ok(())
     }
 
     /// The linked component for `sha`: from memory, else the stored artifact, else compiled
-    /// from the stored blob (and the artifact stored for next time).
-    pub async fn prepared(&self, sha: &str) -> Result<Prepared, String> {
+    /// from the stored blob (and the artifact stored for next time), charged to `tenant` if
+    /// it is one tenant's.
+    pub async fn prepared(&self, tenant: Option<&str>, sha: &str) -> Result<Prepared, String> {
         if let Some(prepared) = self.loaded.get(sha) {
             self.metrics.component_loaded(ComponentSource::Memory);
             return Ok(prepared);
         }
-        self.loaded.get_or_insert_async(sha, self.load(sha)).await
+        let load = async {
+            let prepared = self.load(sha).await?;
+            if let Some(tenant) = tenant {
+                self.charge(tenant, sha, &prepared);
+            }
+            Ok(prepared)
+        };
+        self.loaded.get_or_insert_async(sha, load).await
+    }
+
+    /// Charges `sha`, about to enter the cache, to `tenant`, dropping the tenant's oldest
+    /// past its share.
+    fn charge(&self, tenant: &str, sha: &str, prepared: &Prepared) {
+        let weight = self.weigher.of(prepared);
+        let over = lock(&self.loaded_by).charge(tenant, (sha, weight), self.tenant_share);
+        for sha in over {
+            self.loaded.remove(&sha);
+        }
     }
 
     /// What an artifact of `sha` is sealed as: it and the engine it was compiled for.
@@ -272,5 +392,38 @@ impl Components {
             );
         }
         Ok((bytes, artifact))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_past_its_share_drops_its_own_oldest() {
+        let mut by = LoadedBy::default();
+        assert!(by.charge("acme", ("a1", 10), 25).is_empty());
+        assert!(by.charge("globex", ("g1", 10), 25).is_empty());
+        assert!(by.charge("acme", ("a2", 10), 25).is_empty());
+        assert_eq!(by.charge("acme", ("a3", 10), 25), ["a1"]);
+        // Charged once, to the tenant that loaded it.
+        assert!(by.charge("acme", ("g1", 10), 25).is_empty());
+        assert_eq!(by.tenant_of["g1"], "globex");
+        // The newest stays, however heavy.
+        assert_eq!(by.charge("acme", ("huge", 100), 25), ["a2", "a3"]);
+        assert_eq!(by.tenants["acme"].weight, 100);
+    }
+
+    #[test]
+    fn an_evicted_component_is_no_longer_charged() {
+        let mut by = LoadedBy::default();
+        by.charge("acme", ("a1", 10), 25);
+        by.charge("acme", ("a2", 10), 25);
+        by.forget("a1");
+        assert!(by.charge("acme", ("a3", 10), 25).is_empty());
+        by.forget("a2");
+        by.forget("a3");
+        assert!(by.tenants.is_empty() && by.tenant_of.is_empty());
+        by.forget("never charged");
     }
 }

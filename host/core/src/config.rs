@@ -49,7 +49,8 @@ pub struct HostConfig {
     /// Bytes of compiled code those components may hold together (each weighs its artifact,
     /// at least this over `max_loaded_components`): a component of 64 MiB compiles to
     /// hundreds of MiB, so a count alone would let a few tenants' components fill memory.
-    /// One heavier than this runs, loaded again at each call.
+    /// One heavier than this runs, loaded again at each call. One tenant's calls hold at
+    /// most a quarter of it: past that the tenant's oldest is dropped, not another's.
     pub max_loaded_component_bytes: u64,
     /// A directory on this machine where compiled artifacts are shared, checked before
     /// compiling: hosts (and test runs) that share it compile each component once per engine.

@@ -146,6 +146,8 @@ impl Executors {
         let component = js
             .as_ref()
             .map_or(&tool.version.component, |js| &js.runtime);
+        // The JS runtime is every JS tool's: no tenant's share of the loaded components.
+        let charged_to = js.is_none().then_some(&*ctx.tenant);
         let snapshot = match &js {
             Some(js) => {
                 let (tenant, sha) = (&tool.tenant, &tool.version.component);
@@ -165,7 +167,7 @@ impl Executors {
                 self.metrics.component_loaded(ComponentSource::Snapshot);
                 prepared
             }
-            None => match self.components.prepared(component).await {
+            None => match self.components.prepared(charged_to, component).await {
                 Ok(prepared) => prepared,
                 Err(message) => return internal(message),
             },

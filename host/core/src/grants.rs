@@ -190,9 +190,9 @@ fn count_under(root: &Path, granted: &[PathBuf]) -> FilesCount {
         for entry in entries.flatten() {
             let path = entry.path();
             let made_by_host = top_level
-                || path.strip_prefix(root).is_ok_and(|relative| {
-                    granted.iter().any(|grant| grant.starts_with(relative))
-                });
+                || path
+                    .strip_prefix(root)
+                    .is_ok_and(|relative| granted.iter().any(|grant| grant.starts_with(relative)));
             count.entries += u64::from(!made_by_host);
             match entry.metadata() {
                 Ok(meta) if meta.is_dir() => pending.push(path),
@@ -264,7 +264,13 @@ mod tests {
         std::fs::write(root.join("a/b/file"), "678").unwrap();
         let count = count_under(root, &[PathBuf::from("a/b/c")]);
         // made, deeper, and the two files: not a, b or c.
-        assert_eq!(count, FilesCount { bytes: 8, entries: 4 });
+        assert_eq!(
+            count,
+            FilesCount {
+                bytes: 8,
+                entries: 4
+            }
+        );
     }
 
     #[test]
