@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use toolhost_sandbox::{LoadError, Prepared, Sandbox};
@@ -20,10 +21,14 @@ pub(crate) struct Components {
     store: Arc<dyn Store>,
     /// By component sha256, weighed by its code; past the cap the least recently used is
     /// dropped.
-    loaded: quick_cache::sync::Cache<String, Prepared, ByCode, RandomState, ForgetEvicted>,
+    loaded: quick_cache::sync::Cache<String, Loaded, ByCode, RandomState, ForgetEvicted>,
     /// Whose calls loaded what is in `loaded`; never locked while calling into it.
     loaded_by: Arc<Mutex<LoadedBy>>,
+    /// Numbers each entry of `loaded`, so a charge is never mistaken for a later load's.
+    next_load: AtomicU64,
     weigher: ByCode,
+    /// What `loaded` weighs at most.
+    capacity: u64,
     /// What one tenant's components may weigh in `loaded`.
     tenant_share: u64,
     /// Artifacts shared on this machine's disk, checked before compiling.
@@ -58,10 +63,17 @@ impl ByCode {
     }
 }
 
-impl quick_cache::Weighter<String, Prepared> for ByCode {
-    fn weight(&self, _sha: &String, prepared: &Prepared) -> u64 {
-        self.of(prepared)
+impl quick_cache::Weighter<String, Loaded> for ByCode {
+    fn weight(&self, _sha: &String, loaded: &Loaded) -> u64 {
+        self.of(&loaded.prepared)
     }
+}
+
+/// One load of a component, numbered.
+#[derive(Clone)]
+struct Loaded {
+    id: u64,
+    prepared: Prepared,
 }
 
 /// The loaded components each tenant holds at most: a quarter of the cache, so that one
@@ -70,59 +82,76 @@ const TENANT_SHARE_OF_LOADED: u64 = 4;
 
 type RandomState = std::hash::RandomState;
 
-/// Which tenant's call loaded each component in the cache, oldest first. A component two
+/// Which tenant's call loaded each entry of the cache, oldest first. A component two
 /// tenants call is charged to the one that loaded it; the JS runtime, which every JS tool
 /// runs on, to none (see [`Components::prepared`]).
 #[derive(Default)]
 struct LoadedBy {
-    tenant_of: HashMap<String, String>,
+    /// By sha256: the tenant and the load's number.
+    tenant_of: HashMap<String, (String, u64)>,
     tenants: HashMap<String, TenantLoaded>,
 }
 
+/// One load charged: its sha256, number and weight.
+type Charge = (String, u64, u64);
+
 #[derive(Default)]
 struct TenantLoaded {
-    /// Each component with its weight, oldest first.
-    shas: VecDeque<(String, u64)>,
+    /// Oldest first.
+    loads: VecDeque<Charge>,
     weight: u64,
 }
 
 impl LoadedBy {
-    /// Charges `sha` (about to enter the cache) to `tenant`, unless it is charged already,
-    /// and returns the tenant's oldest components to drop to stay within `share`. The newest
-    /// stays, however heavy: it runs the call that loaded it.
-    fn charge(&mut self, tenant: &str, (sha, weight): (&str, u64), share: u64) -> Vec<String> {
-        if self.tenant_of.contains_key(sha) {
-            return Vec::new();
+    /// Charges a load (about to enter the cache) to `tenant`, and returns the tenant's oldest
+    /// loads (sha256 and number) to drop to stay within `share`. The newest stays, however
+    /// heavy: it runs the call that loaded it.
+    fn charge(
+        &mut self,
+        tenant: &str,
+        (sha, id, weight): Charge,
+        share: u64,
+    ) -> Vec<(String, u64)> {
+        // A sha charged still is an earlier load that left the cache unseen.
+        if let Some(&(_, earlier)) = self.tenant_of.get(&sha) {
+            self.forget(&sha, earlier);
         }
-        self.tenant_of.insert(sha.to_owned(), tenant.to_owned());
+        self.tenant_of.insert(sha.clone(), (tenant.to_owned(), id));
         let held = self.tenants.entry(tenant.to_owned()).or_default();
-        held.shas.push_back((sha.to_owned(), weight));
+        held.loads.push_back((sha, id, weight));
         held.weight += weight;
         let mut over = Vec::new();
-        while held.weight > share && held.shas.len() > 1 {
-            let Some((oldest, weight)) = held.shas.pop_front() else {
+        while held.weight > share && held.loads.len() > 1 {
+            let Some((oldest, id, weight)) = held.loads.pop_front() else {
                 break;
             };
             held.weight -= weight;
             self.tenant_of.remove(&oldest);
-            over.push(oldest);
+            over.push((oldest, id));
         }
         over
     }
 
-    /// `sha` left the cache.
-    fn forget(&mut self, sha: &str) {
-        let Some(tenant) = self.tenant_of.remove(sha) else {
+    /// Load `id` of `sha` left the cache.
+    fn forget(&mut self, sha: &str, id: u64) {
+        if self
+            .tenant_of
+            .get(sha)
+            .is_none_or(|&(_, charged)| charged != id)
+        {
+            return;
+        }
+        let Some((tenant, _)) = self.tenant_of.remove(sha) else {
             return;
         };
         let Some(held) = self.tenants.get_mut(&tenant) else {
             return;
         };
-        if let Some(at) = held.shas.iter().position(|(charged, _)| charged == sha) {
-            let (_, weight) = held.shas.remove(at).expect("found just now");
+        if let Some(at) = held.loads.iter().position(|&(_, charged, _)| charged == id) {
+            let (_, _, weight) = held.loads.remove(at).expect("found just now");
             held.weight -= weight;
         }
-        if held.shas.is_empty() {
+        if held.loads.is_empty() {
             self.tenants.remove(&tenant);
         }
     }
@@ -132,13 +161,13 @@ impl LoadedBy {
 #[derive(Clone)]
 struct ForgetEvicted(Arc<Mutex<LoadedBy>>);
 
-impl quick_cache::Lifecycle<String, Prepared> for ForgetEvicted {
+impl quick_cache::Lifecycle<String, Loaded> for ForgetEvicted {
     /// The evicted, dropped once the cache's lock is released: dropping one may unmap code.
-    type RequestState = Vec<Prepared>;
+    type RequestState = Vec<Loaded>;
 
-    fn on_evict(&self, evicted: &mut Vec<Prepared>, sha: String, prepared: Prepared) {
-        lock(&self.0).forget(&sha);
-        evicted.push(prepared);
+    fn on_evict(&self, evicted: &mut Vec<Loaded>, sha: String, loaded: Loaded) {
+        lock(&self.0).forget(&sha, loaded.id);
+        evicted.push(loaded);
     }
 }
 
@@ -196,7 +225,9 @@ impl Components {
             store,
             loaded,
             loaded_by,
+            next_load: AtomicU64::new(0),
             weigher,
+            capacity: max_loaded_bytes,
             tenant_share: max_loaded_bytes / TENANT_SHARE_OF_LOADED,
             artifact_dir,
             seal: Arc::new(seal),
@@ -262,8 +293,11 @@ impl Components {
                 .put_component(&component.sha, &component.bytes, fingerprint, sealed)
                 .await?;
         }
-        self.charge(tenant, &component.sha, &component.prepared);
-        self.loaded.insert(component.sha, component.prepared);
+        // Only into an empty place: replacing an entry would evict, and forget, its charge.
+        if let Err(place) = self.loaded.get_value_or_guard_async(&component.sha).await {
+            let loaded = self.charge(tenant, &component.sha, component.prepared);
+            let _ = place.insert(loaded);
+        }
         Ok(())
     }
 
@@ -271,28 +305,40 @@ impl Components {
     /// from the stored blob (and the artifact stored for next time), charged to `tenant` if
     /// it is one tenant's.
     pub async fn prepared(&self, tenant: Option<&str>, sha: &str) -> Result<Prepared, String> {
-        if let Some(prepared) = self.loaded.get(sha) {
+        if let Some(loaded) = self.loaded.get(sha) {
             self.metrics.component_loaded(ComponentSource::Memory);
-            return Ok(prepared);
+            return Ok(loaded.prepared);
         }
         let load = async {
             let prepared = self.load(sha).await?;
-            if let Some(tenant) = tenant {
-                self.charge(tenant, sha, &prepared);
-            }
-            Ok(prepared)
+            Ok::<_, String>(match tenant {
+                Some(tenant) => self.charge(tenant, sha, prepared),
+                None => self.number(prepared),
+            })
         };
-        self.loaded.get_or_insert_async(sha, load).await
+        let loaded = self.loaded.get_or_insert_async(sha, load).await?;
+        Ok(loaded.prepared)
     }
 
-    /// Charges `sha`, about to enter the cache, to `tenant`, dropping the tenant's oldest
-    /// past its share.
-    fn charge(&self, tenant: &str, sha: &str, prepared: &Prepared) {
-        let weight = self.weigher.of(prepared);
-        let over = lock(&self.loaded_by).charge(tenant, (sha, weight), self.tenant_share);
-        for sha in over {
-            self.loaded.remove(&sha);
+    fn number(&self, prepared: Prepared) -> Loaded {
+        let id = self.next_load.fetch_add(1, Ordering::Relaxed);
+        Loaded { id, prepared }
+    }
+
+    /// Numbers a load of `sha` that is about to enter the cache and charges it to `tenant`,
+    /// dropping the tenant's oldest past its share.
+    fn charge(&self, tenant: &str, sha: &str, prepared: Prepared) -> Loaded {
+        let loaded = self.number(prepared);
+        let weight = self.weigher.of(&loaded.prepared);
+        if weight > self.capacity {
+            return loaded; // refused by the cache: it must not push out the tenant's others
         }
+        let charge = (sha.to_owned(), loaded.id, weight);
+        let over = lock(&self.loaded_by).charge(tenant, charge, self.tenant_share);
+        for (sha, id) in over {
+            self.loaded.remove_if(&sha, |dropped| dropped.id == id);
+        }
+        loaded
     }
 
     /// What an artifact of `sha` is sealed as: it and the engine it was compiled for.
@@ -399,31 +445,48 @@ impl Components {
 mod tests {
     use super::*;
 
+    fn load(sha: &str, id: u64, weight: u64) -> Charge {
+        (sha.to_owned(), id, weight)
+    }
+
+    fn shas(over: Vec<(String, u64)>) -> Vec<String> {
+        over.into_iter().map(|(sha, _)| sha).collect()
+    }
+
     #[test]
     fn a_tenant_past_its_share_drops_its_own_oldest() {
         let mut by = LoadedBy::default();
-        assert!(by.charge("acme", ("a1", 10), 25).is_empty());
-        assert!(by.charge("globex", ("g1", 10), 25).is_empty());
-        assert!(by.charge("acme", ("a2", 10), 25).is_empty());
-        assert_eq!(by.charge("acme", ("a3", 10), 25), ["a1"]);
-        // Charged once, to the tenant that loaded it.
-        assert!(by.charge("acme", ("g1", 10), 25).is_empty());
-        assert_eq!(by.tenant_of["g1"], "globex");
+        assert!(by.charge("acme", load("a1", 1, 10), 25).is_empty());
+        assert!(by.charge("globex", load("g1", 2, 10), 25).is_empty());
+        assert!(by.charge("acme", load("a2", 3, 10), 25).is_empty());
+        assert_eq!(by.charge("acme", load("a3", 4, 10), 25), [("a1".into(), 1)]);
+        assert_eq!(by.tenant_of["g1"].0, "globex");
         // The newest stays, however heavy.
-        assert_eq!(by.charge("acme", ("huge", 100), 25), ["a2", "a3"]);
+        assert_eq!(
+            shas(by.charge("acme", load("huge", 5, 100), 25)),
+            ["a2", "a3"]
+        );
         assert_eq!(by.tenants["acme"].weight, 100);
     }
 
     #[test]
-    fn an_evicted_component_is_no_longer_charged() {
+    fn only_the_load_that_left_the_cache_is_forgotten() {
         let mut by = LoadedBy::default();
-        by.charge("acme", ("a1", 10), 25);
-        by.charge("acme", ("a2", 10), 25);
-        by.forget("a1");
-        assert!(by.charge("acme", ("a3", 10), 25).is_empty());
-        by.forget("a2");
-        by.forget("a3");
+        by.charge("acme", load("a1", 1, 10), 25);
+        by.charge("acme", load("a2", 2, 10), 25);
+        by.forget("a1", 1);
+        assert!(by.charge("acme", load("a3", 3, 10), 25).is_empty());
+        // A later load of a2, charged to globex: the earlier one's eviction leaves it be.
+        by.charge("globex", load("a2", 4, 10), 25);
+        by.forget("a2", 2);
+        assert_eq!(by.tenant_of["a2"], ("globex".into(), 4));
+        assert_eq!(
+            by.tenants["acme"].weight, 10,
+            "a2's earlier load is no longer acme's"
+        );
+        by.forget("a2", 4);
+        by.forget("a3", 3);
         assert!(by.tenants.is_empty() && by.tenant_of.is_empty());
-        by.forget("never charged");
+        by.forget("never charged", 9);
     }
 }
