@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use toolhost::{
@@ -654,6 +654,13 @@ async fn a_durable_call_runs_on_one_node_and_one_left_running_is_taken_up_at_res
                 if errors[0].message.contains("at most 65536 bytes")),
             "{refused:?}"
         );
+        let heavy = acme.clone().with_data(json!({"pad": "p".repeat(70_000)}));
+        let refused = host.submit(&heavy, "nap", json!({"ms": 1})).await;
+        assert!(
+            matches!(&refused, Err(CallError::InvalidArgs { errors })
+                if errors[0].message.contains("caller data are at most 65536 bytes")),
+            "{refused:?}"
+        );
         let id = host.submit(&acme, "nap", json!({"ms": 10})).await.unwrap();
         let wait = Duration::from_secs(10);
         let done = host.durable_call("acme", &id, wait).await.unwrap().unwrap();
@@ -699,6 +706,60 @@ async fn a_durable_call_runs_on_one_node_and_one_left_running_is_taken_up_at_res
         status.attempts, 2,
         "run again by the next start: {status:?}"
     );
+}
+
+/// A read that waits for a durable call holds one of its tenant's few places: past them a
+/// read answers at once, and another tenant's reads still wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_reads_waiting_on_durable_calls_are_bounded() {
+    // Names of their own: the places are the process's, and other tests wait too.
+    let (acme, globex) = ("waits-acme", "waits-globex");
+    let no_workers = toolhost::DurableConfig {
+        workers: 0,
+        ..Default::default()
+    };
+    let host = Host::open(HostConfig {
+        durable: no_workers,
+        ..crate::plugins::config()
+    })
+    .await
+    .unwrap();
+    let host = Arc::new(host);
+    let mut queued = Vec::new();
+    for tenant in [acme, globex] {
+        host.install(tenant, crate::plugins::plugin("probe"))
+            .await
+            .unwrap();
+        let caller = Caller::tenant(tenant);
+        queued.push(host.submit(&caller, "nap", json!({"ms": 1})).await.unwrap());
+    }
+    let read = |tenant: &'static str, id: &str, wait: Duration| {
+        let (host, id) = (host.clone(), id.to_owned());
+        async move {
+            let start = Instant::now();
+            let status = host.durable_call(tenant, &id, wait).await.unwrap().unwrap();
+            assert_eq!(status.status, "queued", "no worker runs it");
+            start.elapsed()
+        }
+    };
+    let waiting: Vec<_> = (0..toolhost::MAX_DURABLE_WAITS_PER_TENANT)
+        .map(|_| tokio::spawn(read(acme, &queued[0], Duration::from_secs(30))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(waiting.iter().all(|read| !read.is_finished()));
+    let at_once = read(acme, &queued[0], Duration::from_secs(30)).await;
+    assert!(
+        at_once < Duration::from_secs(5),
+        "answered at once: {at_once:?}"
+    );
+    let waited = read(globex, &queued[1], Duration::from_millis(500)).await;
+    assert!(
+        waited >= Duration::from_millis(500),
+        "globex waited: {waited:?}"
+    );
+    for read in waiting {
+        read.abort();
+    }
 }
 
 /// The worst tenant fills its queue of durable calls; it is refused past the cap, naming the

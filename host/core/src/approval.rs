@@ -2,7 +2,8 @@
 //!
 //! Written through to the store, so a restart keeps them: the app can still decide a call it
 //! was asked about before the restart. Each tenant holds at most [`MAX_PENDING_PER_TENANT`],
-//! each for at most [`PENDING_TTL`] and with at most [`MAX_HELD_ARGS_BYTES`] of arguments.
+//! each for at most [`PENDING_TTL`] and with at most [`MAX_HELD_ARGS_BYTES`] of arguments,
+//! and at most [`MAX_HELD_BYTES_PER_TENANT`] of arguments and caller data together.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,9 @@ pub const MAX_PENDING_PER_TENANT: usize = 1000;
 /// A held call's arguments, as JSON, are at most this many bytes: a tenant's held calls
 /// stay in memory and in the store for up to [`PENDING_TTL`].
 pub const MAX_HELD_ARGS_BYTES: u64 = 64 * 1024;
+/// A tenant's held calls' arguments and caller data, as JSON, are at most this many bytes
+/// together: held in memory as parsed values, they take many times that.
+pub const MAX_HELD_BYTES_PER_TENANT: u64 = 4 << 20;
 /// A call not decided within this is dropped.
 pub const PENDING_TTL: Duration = Duration::from_secs(3600);
 
@@ -44,6 +48,12 @@ pub enum ApprovalError {
     /// The tenant has [`MAX_PENDING_PER_TENANT`] calls waiting.
     #[error("tenant already has {MAX_PENDING_PER_TENANT} calls waiting for approval")]
     TooMany,
+    /// The tenant's held calls would hold over [`MAX_HELD_BYTES_PER_TENANT`].
+    #[error(
+        "a tenant's calls held for approval have at most {MAX_HELD_BYTES_PER_TENANT} bytes of \
+         arguments and caller data as JSON together; with this call they would have {0}"
+    )]
+    TooMuchHeld(u64),
     /// The call's arguments are over [`MAX_HELD_ARGS_BYTES`] of JSON.
     #[error(
         "a call held for approval has at most {MAX_HELD_ARGS_BYTES} bytes of arguments as JSON; these are {0}"
@@ -52,6 +62,20 @@ pub enum ApprovalError {
     /// The decision was not recorded, so the call stays pending.
     #[error("storage: {0}")]
     Store(#[from] StoreError),
+}
+
+/// A held call, and the bytes of JSON it holds (its arguments and its caller's data).
+struct Held {
+    call: HeldCall,
+    bytes: u64,
+}
+
+impl Held {
+    fn new(call: HeldCall) -> Self {
+        let json_bytes = toolhost_spec::clip::json_bytes;
+        let bytes = json_bytes(&call.args) + json_bytes(&call.caller.data);
+        Held { call, bytes }
+    }
 }
 
 /// Past its TTL, or held further in the future than the TTL (the wall clock went back more
@@ -63,9 +87,9 @@ fn expired(held: &HeldCall, now_ms: u64) -> bool {
 
 pub(crate) struct Approvals {
     store: Arc<dyn Store>,
-    /// By call id; the same as the store's records, read at start and again when another
-    /// node holds or decides one.
-    pending: Mutex<HashMap<String, HeldCall>>,
+    /// By tenant, then call id; the same as the store's records, read at start and again
+    /// when another node holds or decides one.
+    pending: Mutex<HashMap<String, HashMap<String, Held>>>,
     /// One hold or decision at a time, so the per-tenant count holds.
     writing: tokio::sync::Mutex<()>,
 }
@@ -86,20 +110,32 @@ impl Approvals {
     pub async fn reload(&self) -> Result<(), StoreError> {
         let _writing = self.writing.lock().await;
         let now = now_ms();
-        let mut pending = HashMap::new();
+        let mut pending: HashMap<String, HashMap<String, Held>> = HashMap::new();
         for (call_id, held) in self.store.held_calls().await? {
             if expired(&held, now) {
                 self.store.held_call_remove(&call_id).await?;
             } else {
-                pending.insert(call_id, held);
+                let tenant = pending.entry(held.caller.tenant.clone()).or_default();
+                tenant.insert(call_id, Held::new(held));
             }
         }
         *self.lock() = pending;
         Ok(())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HeldCall>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, Held>>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops `call_id` of `tenant` from memory, and the tenant's entry once it holds none.
+    fn forget(&self, tenant: &str, call_id: &str) {
+        let mut pending = self.lock();
+        if let Some(held) = pending.get_mut(tenant) {
+            held.remove(call_id);
+            if held.is_empty() {
+                pending.remove(tenant);
+            }
+        }
     }
 
     pub async fn hold(
@@ -115,33 +151,36 @@ impl Approvals {
         }
         let _writing = self.writing.lock().await;
         let now = now_ms();
-        let expired: Vec<String> = self
-            .lock()
-            .iter()
-            .filter(|(_, held)| expired(held, now))
-            .map(|(id, _)| id.clone())
+        let expired: Vec<(String, String)> = (self.lock().iter())
+            .flat_map(|(tenant, held)| held.iter().map(move |(id, held)| (tenant, id, held)))
+            .filter(|(_, _, held)| expired(&held.call, now))
+            .map(|(tenant, id, _)| (tenant.clone(), id.clone()))
             .collect();
-        for id in expired {
+        for (tenant, id) in expired {
             // Dropped from memory only once the store has let go, so the two stay the same.
             self.store.held_call_remove(&id).await?;
-            self.lock().remove(&id);
+            self.forget(&tenant, &id);
         }
-        let of_tenant = self
-            .lock()
-            .values()
-            .filter(|held| held.caller.tenant == caller.tenant)
-            .count();
-        if of_tenant >= MAX_PENDING_PER_TENANT {
-            return Err(ApprovalError::TooMany);
-        }
-        let held = HeldCall {
+        let held = Held::new(HeldCall {
             caller: caller.clone(),
             tool: tool.to_owned(),
             args,
             held_at_ms: now,
+        });
+        let (count, bytes) = match self.lock().get(&caller.tenant) {
+            Some(of_tenant) => (of_tenant.len(), of_tenant.values().map(|h| h.bytes).sum()),
+            None => (0, 0),
         };
-        self.store.held_call_put(call_id, &held).await?;
-        self.lock().insert(call_id.to_owned(), held);
+        if count >= MAX_PENDING_PER_TENANT {
+            return Err(ApprovalError::TooMany);
+        }
+        if bytes + held.bytes > MAX_HELD_BYTES_PER_TENANT {
+            return Err(ApprovalError::TooMuchHeld(bytes + held.bytes));
+        }
+        self.store.held_call_put(call_id, &held.call).await?;
+        let mut pending = self.lock();
+        let of_tenant = pending.entry(caller.tenant.clone()).or_default();
+        of_tenant.insert(call_id.to_owned(), held);
         Ok(())
     }
 
@@ -150,29 +189,31 @@ impl Approvals {
     pub async fn take(&self, tenant: &str, call_id: &str) -> Result<HeldCall, ApprovalError> {
         let _writing = self.writing.lock().await;
         let now = now_ms();
-        let held = self
-            .lock()
-            .get(call_id)
-            .filter(|held| held.caller.tenant == tenant && !expired(held, now))
-            .cloned();
+        let held = (self.lock().get(tenant))
+            .and_then(|of_tenant| of_tenant.get(call_id))
+            .filter(|held| !expired(&held.call, now))
+            .map(|held| held.call.clone());
         let not_pending = || ApprovalError::NotPending(call_id.to_owned());
         let held = held.ok_or_else(not_pending)?;
         let taken = self.store.held_call_remove(call_id).await?;
-        self.lock().remove(call_id);
+        self.forget(tenant, call_id);
         taken.then_some(held).ok_or_else(not_pending)
     }
 
     pub fn list(&self, tenant: &str) -> Vec<PendingCall> {
         let now = now_ms();
         let pending = self.lock();
-        let mut calls: Vec<PendingCall> = pending
+        let Some(of_tenant) = pending.get(tenant) else {
+            return Vec::new();
+        };
+        let mut calls: Vec<PendingCall> = of_tenant
             .iter()
-            .filter(|(_, held)| held.caller.tenant == tenant && !expired(held, now))
+            .filter(|(_, held)| !expired(&held.call, now))
             .map(|(id, held)| PendingCall {
                 call_id: id.clone(),
-                tool: held.tool.clone(),
-                args: held.args.clone(),
-                waiting_ms: held.waiting_ms(now),
+                tool: held.call.tool.clone(),
+                args: held.call.args.clone(),
+                waiting_ms: held.call.waiting_ms(now),
             })
             .collect();
         calls.sort_by(|a, b| {
@@ -187,6 +228,7 @@ impl Approvals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use toolhost_store::RedbStore;
 
     #[test]
@@ -207,6 +249,45 @@ mod tests {
             "two TTLs back: its age is unknown"
         );
         assert!(expired(&held, 0), "the clock at the epoch: no overflow");
+    }
+
+    #[tokio::test]
+    async fn a_tenants_held_calls_hold_a_bounded_number_of_bytes() {
+        let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
+        let approvals = Approvals::load(store).await.unwrap();
+        let args = json!({"pad": "x".repeat(60_000)});
+        let (acme, globex) = (Caller::tenant("acme"), Caller::tenant("globex"));
+        let mut held = 0;
+        let refused = loop {
+            let id = format!("acme-{held}");
+            match approvals.hold(&id, &acme, "wire", args.clone()).await {
+                Ok(()) => held += 1,
+                Err(error) => break error,
+            }
+        };
+        let each = toolhost_spec::clip::json_bytes(&args);
+        assert_eq!(held, MAX_HELD_BYTES_PER_TENANT / each);
+        assert!(
+            matches!(refused, ApprovalError::TooMuchHeld(bytes) if bytes > MAX_HELD_BYTES_PER_TENANT),
+            "{refused}"
+        );
+        // The caller's data counts too.
+        let with_data = globex.clone().with_data(json!("y".repeat(5 << 20)));
+        let refused = approvals
+            .hold("globex-0", &with_data, "wire", json!({}))
+            .await;
+        assert!(matches!(refused, Err(ApprovalError::TooMuchHeld(_))));
+        approvals
+            .hold("globex-1", &globex, "wire", args.clone())
+            .await
+            .unwrap();
+        // A decision makes room.
+        approvals.take("acme", "acme-0").await.unwrap();
+        approvals
+            .hold("acme-again", &acme, "wire", args)
+            .await
+            .unwrap();
+        assert_eq!(approvals.list("acme").len() as u64, held);
     }
 
     #[tokio::test]

@@ -4,12 +4,13 @@
 //! (up to its `retry_count_on_stall`, at least once) or ends any other `node_lost`: a call
 //! that may have taken effect never runs twice unasked.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use toolhost_sandbox::places::Places;
 use toolhost_spec::call::{CallError, Caller};
 use toolhost_store::{DurableCall, DurableState, StoreError, now_ms};
 
@@ -20,8 +21,16 @@ use crate::pipeline::{Budget, Pipeline};
 /// With the ended calls kept (`toolhost_store::MAX_ENDED_KEPT`) and the arguments' cap, this
 /// bounds what one tenant's durable calls hold in the store.
 pub const MAX_UNENDED_PER_TENANT: usize = 1000;
-/// The largest arguments of a durable call, as JSON: they are kept until the call is forgotten.
+/// The largest arguments of a durable call, and the largest caller `data`, each as JSON: they
+/// are kept until the call is forgotten.
 pub const MAX_DURABLE_ARGS_BYTES: usize = 64 * 1024;
+/// Reads that wait for a durable call to end, in the process: each reads the call again
+/// whenever any call ends. Past these, a read answers at once.
+pub const MAX_DURABLE_WAITS: usize = 256;
+/// Reads that wait for a durable call to end, of one tenant (see [`MAX_DURABLE_WAITS`]).
+pub const MAX_DURABLE_WAITS_PER_TENANT: usize = 16;
+static WAITS: LazyLock<Places> =
+    LazyLock::new(|| Places::new(MAX_DURABLE_WAITS, MAX_DURABLE_WAITS_PER_TENANT));
 /// Ended calls are kept this long for their callers to read, then forgotten.
 const KEEP_ENDED: Duration = Duration::from_secs(24 * 3600);
 /// On a shared store, idle workers look for work this often even unwoken: another node's
@@ -300,17 +309,19 @@ impl Pipeline {
                 retry_after_ms: None,
             });
         }
-        let size = toolhost_spec::clip::json_bytes(&args);
-        if size > MAX_DURABLE_ARGS_BYTES as u64 {
-            return Err(CallError::InvalidArgs {
-                errors: vec![toolhost_spec::schema::ArgError {
-                    path: String::new(),
-                    message: format!(
-                        "a durable call's arguments are at most {MAX_DURABLE_ARGS_BYTES} bytes \
-                         of JSON; these are {size}"
-                    ),
-                }],
-            });
+        for (what, value) in [("arguments", &args), ("caller data", &caller.data)] {
+            let size = toolhost_spec::clip::json_bytes(value);
+            if size > MAX_DURABLE_ARGS_BYTES as u64 {
+                return Err(CallError::InvalidArgs {
+                    errors: vec![toolhost_spec::schema::ArgError {
+                        path: String::new(),
+                        message: format!(
+                            "a durable call's {what} are at most {MAX_DURABLE_ARGS_BYTES} bytes \
+                             of JSON; these are {size}"
+                        ),
+                    }],
+                });
+            }
         }
         let spec = tool.spec();
         let call = DurableCall {
@@ -332,7 +343,8 @@ impl Pipeline {
         Ok(call.id)
     }
 
-    /// The tenant's durable call `id`, waiting up to `wait` for it to end.
+    /// The tenant's durable call `id`, waiting up to `wait` for it to end, if the tenant has
+    /// fewer than [`MAX_DURABLE_WAITS_PER_TENANT`] reads waiting (else it answers at once).
     pub async fn durable(
         &self,
         tenant: &str,
@@ -343,6 +355,12 @@ impl Pipeline {
         if id.is_empty() || id.len() > 128 || id.chars().any(char::is_control) {
             return Ok(None);
         }
+        let waiting = (!wait.is_zero()).then(|| WAITS.try_take(tenant)).flatten();
+        let wait = if waiting.is_some() {
+            wait
+        } else {
+            Duration::ZERO
+        };
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             // Registered before the read, so an end between the two is not missed.

@@ -411,7 +411,10 @@ impl Host {
     }
 
     /// The tenant's durable call `id` (`None` if it has none by that id), once it has ended
-    /// or `wait` has passed, whichever is first.
+    /// or `wait` has passed, whichever is first. A tenant has at most
+    /// [`MAX_DURABLE_WAITS_PER_TENANT`](crate::MAX_DURABLE_WAITS_PER_TENANT) reads waiting at
+    /// once (the process [`MAX_DURABLE_WAITS`](crate::MAX_DURABLE_WAITS)); past that one
+    /// answers at once, as with no `wait`.
     pub async fn durable_call(
         &self,
         tenant: &str,

@@ -29,7 +29,9 @@ mod components;
 mod config;
 mod durable;
 pub use config::DurableConfig;
-pub use durable::{DurableStatus, MAX_UNENDED_PER_TENANT};
+pub use durable::{
+    DurableStatus, MAX_DURABLE_WAITS, MAX_DURABLE_WAITS_PER_TENANT, MAX_UNENDED_PER_TENANT,
+};
 mod error;
 mod exec;
 pub use exec::MAX_RESULT_BYTES;

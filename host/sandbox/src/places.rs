@@ -33,17 +33,27 @@ impl Places {
 
     /// Waits until `tenant` and the process each have a place free, and takes them.
     pub async fn take(&self, tenant: &str) -> Place {
-        let own = {
-            let mut tenants = self.by_tenant.lock().unwrap_or_else(|p| p.into_inner());
-            (tenants.entry(tenant.to_owned()))
-                .or_insert_with(|| Arc::new(Semaphore::new(self.per_tenant)))
-                .clone()
-        };
+        let own = self.of_tenant(tenant);
         let closed = "places are never closed";
         Place {
             _own: own.acquire_owned().await.expect(closed),
             _any: self.all.clone().acquire_owned().await.expect(closed),
         }
+    }
+
+    /// Takes a place for `tenant` if it and the process each have one free now.
+    pub fn try_take(&self, tenant: &str) -> Option<Place> {
+        Some(Place {
+            _own: self.of_tenant(tenant).try_acquire_owned().ok()?,
+            _any: self.all.clone().try_acquire_owned().ok()?,
+        })
+    }
+
+    fn of_tenant(&self, tenant: &str) -> Arc<Semaphore> {
+        let mut tenants = self.by_tenant.lock().unwrap_or_else(|p| p.into_inner());
+        (tenants.entry(tenant.to_owned()))
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_tenant)))
+            .clone()
     }
 
     /// Runs `work` on one of tokio's blocking threads once `tenant` has a place; the place is
@@ -66,6 +76,22 @@ impl Places {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_place_is_taken_at_once_or_not_at_all() {
+        let places = Places::new(3, 2);
+        let acme = [places.try_take("acme"), places.try_take("acme")];
+        assert!(acme.iter().all(Option::is_some));
+        assert!(places.try_take("acme").is_none(), "acme's two are held");
+        let globex = places.try_take("globex");
+        assert!(globex.is_some());
+        assert!(
+            places.try_take("initech").is_none(),
+            "the process's three are held"
+        );
+        drop(acme);
+        assert!(places.try_take("acme").is_some());
+    }
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
     use tokio::time::timeout;

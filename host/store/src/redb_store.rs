@@ -515,7 +515,6 @@ fn purge_expired(
     Ok(freed)
 }
 
-/// Counts every tenant's data from its KV and cache entries.
 /// What ordering the calls not ended needs of each: read without its arguments.
 #[derive(serde::Deserialize)]
 struct Unended {
@@ -799,7 +798,8 @@ impl RedbFile {
     fn durable_unfinished(&self, tenant: &str) -> Result<usize> {
         let mut count = 0;
         for (id, _) in self.scan(DURABLE_UNENDED, b"")? {
-            let call: Option<DurableCall> = self.get_json(DURABLE_CALLS, &id)?;
+            // Without the arguments: every tenant's submit counts through every tenant's calls.
+            let call: Option<Unended> = self.get_json(DURABLE_CALLS, &id)?;
             count += usize::from(call.is_some_and(|call| call.caller.tenant == tenant));
         }
         Ok(count)
