@@ -455,6 +455,46 @@ async fn http_tools_over_one_request_stop_at_the_code_quota() {
         .expect("another tenant has its own quota");
 }
 
+/// Every node holds each tenant's current specs in memory, as parsed values: however large
+/// its code quota, a tenant's specs are bounded in bytes.
+#[tokio::test]
+async fn a_tenants_specs_are_bounded_in_bytes() {
+    let host = Host::open(crate::plugins::config()).await.unwrap();
+    let def = |name: &str| {
+        let parameters = json!({"type": "object", "description": "p".repeat(60_000)});
+        serde_json::from_value::<toolhost::http_tool::HttpToolDef>(json!({
+            "spec": {"name": name, "description": "A tool.", "parameters": parameters},
+            "request": {"method": "get", "url": "http://example.com/"}
+        }))
+        .unwrap()
+    };
+    let mut installed = 0;
+    let refused = loop {
+        match host
+            .install_http("acme", def(&format!("t{installed}")))
+            .await
+        {
+            Ok(_) => installed += 1,
+            Err(refused) => break refused,
+        }
+        assert!(installed < 1000, "never refused");
+    };
+    assert!(
+        matches!(refused, InstallError::SpecsTooLarge(bytes) if bytes > toolhost::MAX_SPEC_BYTES_PER_TENANT),
+        "{refused}"
+    );
+    let most = toolhost::MAX_SPEC_BYTES_PER_TENANT / 60_000;
+    assert!(
+        (most - 5..=most).contains(&installed),
+        "{installed} installed"
+    );
+    // A new version no larger, another tenant, and room made by a removal are not refused.
+    host.install_http("acme", def("t0")).await.unwrap();
+    host.install_http("globex", def("t0")).await.unwrap();
+    assert!(host.remove("acme", "t1").await.unwrap());
+    host.install_http("acme", def("again")).await.unwrap();
+}
+
 /// Live instances never hold more than the host's memory budget together: calls past it wait
 /// for it (within their deadline) instead of running, and none fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 //! versions, rollback, removal, listing, and resolving a name for a call. Each tenant's tools
 //! are kept in memory, rebuilt from the store at start, beside the app's native tools.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -14,7 +14,7 @@ use toolhost_spec::spec::{CachePolicy, Limits, RESERVED_NAMES, Schemas, SpecErro
 use toolhost_store::{SourceKind, Store, StoreError, ToolEntry, ToolRecords, code_bytes, now_ms};
 
 use crate::components::Components;
-use crate::config::{MAX_JS_SOURCE_BYTES, MAX_TOOLS_PER_COMPONENT};
+use crate::config::{MAX_JS_SOURCE_BYTES, MAX_SPEC_BYTES_PER_TENANT, MAX_TOOLS_PER_COMPONENT};
 use crate::error::{InstallError, ManageError};
 use crate::http_tool::HttpToolDef;
 use crate::registry::{NativeRegistry, NativeTool, TenantTool, TenantTools, is_valid_tenant};
@@ -149,10 +149,10 @@ pub(crate) struct Catalog {
     tools: TenantTools,
     store: Arc<dyn Store>,
     components: Arc<Components>,
-    /// Serializes this process's read-modify-write of tool entries (install, rollback,
-    /// remove), so that two installs of one tool cannot both become version N+1; the store's
-    /// `lock_entries` does the same across the processes of a shared store.
-    entry_writes: tokio::sync::Mutex<()>,
+    /// Serializes this process's read-modify-write of each tenant's tool entries (install,
+    /// rollback, remove, reload), so that two installs of one tool cannot both become version
+    /// N+1; the store's `lock_entries` does the same across the processes of a shared store.
+    entry_writes: EntryLocks,
     /// The tenant whose visible tools changed, for subscribers such as MCP sessions.
     changes: tokio::sync::broadcast::Sender<String>,
     /// When each tenant's tools last changed, so that caches of one tenant's listing know
@@ -238,7 +238,7 @@ impl Catalog {
             tools: stored.tools,
             store: stored.store,
             components,
-            entry_writes: tokio::sync::Mutex::new(()),
+            entry_writes: EntryLocks::default(),
             changes: tokio::sync::broadcast::channel(256).0,
             stamps: Default::default(),
             js_runtime: stored.js_runtime,
@@ -279,7 +279,7 @@ impl Catalog {
             .result
             .map_err(InstallError::ListTools)?;
         let specs = self.check_defs(tenant, defs)?;
-        let _writing = self.entry_writes.lock().await;
+        let _writing = self.entry_writes.lock(tenant).await;
         let _cluster = self.store.lock_entries(tenant).await?;
         let blob = (component.sha.as_str(), component.bytes.len() as u64);
         let changed = self
@@ -355,7 +355,7 @@ impl Catalog {
         code_quota: u64,
     ) -> Result<ToolSpec, InstallError> {
         let sha = sha256_hex(blob);
-        let _writing = self.entry_writes.lock().await;
+        let _writing = self.entry_writes.lock(tenant).await;
         let _cluster = self.store.lock_entries(tenant).await?;
         let specs = std::slice::from_ref(&spec);
         let changed = self
@@ -379,7 +379,7 @@ impl Catalog {
     ) -> Result<Vec<ToolEntry>, InstallError> {
         let installed_at_ms = now_ms();
         let mut entries = self.store.tool_entries_of(tenant).await?;
-        let before = code_bytes(&entries);
+        let before = (code_bytes(&entries), spec_bytes(&entries));
         let mut changed = Vec::with_capacity(specs.len());
         for spec in specs {
             let mut entry = match entries.iter().position(|e| e.name == spec.name) {
@@ -402,11 +402,15 @@ impl Catalog {
         }
         let used = code_bytes(entries.iter().chain(&changed));
         // Past the quota only by growing: an install that adds nothing is never refused.
-        if used > code_quota && used > before {
+        if used > code_quota && used > before.0 {
             return Err(InstallError::CodeQuota {
                 used,
                 quota: code_quota,
             });
+        }
+        let specs = spec_bytes(entries.iter().chain(&changed));
+        if specs > MAX_SPEC_BYTES_PER_TENANT && specs > before.1 {
+            return Err(InstallError::SpecsTooLarge(specs));
         }
         Ok(changed)
     }
@@ -523,7 +527,7 @@ impl Catalog {
         name: &str,
         to: Option<u32>,
     ) -> Result<u32, ManageError> {
-        let _writing = self.entry_writes.lock().await;
+        let _writing = self.entry_writes.lock(tenant).await;
         let _cluster = self.store.lock_entries(tenant).await?;
         let mut entry = self.versions(tenant, name).await?;
         let target = match to {
@@ -555,7 +559,7 @@ impl Catalog {
     }
 
     pub async fn remove(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
-        let _writing = self.entry_writes.lock().await;
+        let _writing = self.entry_writes.lock(tenant).await;
         let _cluster = self.store.lock_entries(tenant).await?;
         if self.tools.get(tenant, name).is_none() {
             return Ok(false);
@@ -592,16 +596,17 @@ impl Catalog {
     pub async fn reload(&self, tenant: &str) -> Result<(), StoreError> {
         // Not between this process's own read and write of the entries: it would put back
         // what that write replaces.
-        let _writing = self.entry_writes.lock().await;
+        let _writing = self.entry_writes.lock(tenant).await;
         let entries = self.store.tool_entries_of(tenant).await?;
         self.tools.replace_tenant(tenant, valid_tools(entries));
         self.changed(tenant);
         Ok(())
     }
 
-    /// Reads every tenant's tools again (notices from other nodes may have been missed).
+    /// Reads every tenant's tools again (notices from other nodes may have been missed). A
+    /// tenant whose tools differ is read again under its lock, so that this process's own
+    /// write in between is not undone.
     pub async fn reload_all(&self) -> Result<(), StoreError> {
-        let _writing = self.entry_writes.lock().await;
         let mut by_tenant: BTreeMap<String, Vec<ToolEntry>> = self
             .tools
             .tenants()
@@ -615,13 +620,34 @@ impl Catalog {
                 .push(entry);
         }
         for (tenant, entries) in by_tenant {
-            let tools = valid_tools(entries);
-            if self.tools.differs(&tenant, &tools) {
-                self.tools.replace_tenant(&tenant, tools);
-                self.changed(&tenant);
+            if self.tools.differs(&tenant, &valid_tools(entries)) {
+                self.reload(&tenant).await?;
             }
         }
         Ok(())
+    }
+}
+
+/// Bytes of the current versions' specs of `entries`, as JSON: what serving them holds.
+fn spec_bytes<'a>(entries: impl IntoIterator<Item = &'a ToolEntry>) -> u64 {
+    let current = entries
+        .into_iter()
+        .map(|entry| entry.current().spec_bytes());
+    current.sum()
+}
+
+/// One lock per tenant: one tenant's slow write (it reads every kept version of its tools)
+/// never holds up another's.
+#[derive(Default)]
+struct EntryLocks(std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl EntryLocks {
+    async fn lock(&self, tenant: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            locks.entry(tenant.to_owned()).or_default().clone()
+        };
+        lock.lock_owned().await
     }
 }
 

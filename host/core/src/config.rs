@@ -16,6 +16,9 @@ pub const MAX_JS_SOURCE_BYTES: usize = 1 << 20;
 pub const MAX_NESTING_DEPTH: u32 = 4;
 /// A component may offer at most this many tools.
 pub const MAX_TOOLS_PER_COMPONENT: usize = 256;
+/// A tenant's tools' specs (their current versions, as JSON) are at most this many bytes
+/// together: every node holds them in memory as parsed values, which take many times that.
+pub const MAX_SPEC_BYTES_PER_TENANT: u64 = 8 << 20;
 /// A configuration value is at most this many bytes.
 pub const MAX_CONFIG_VALUE_BYTES: usize = 64 * 1024;
 /// A tenant has at most this many configuration keys: with values of up to

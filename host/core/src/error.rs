@@ -6,7 +6,8 @@ use toolhost_spec::spec::SpecError;
 use toolhost_store::StoreError;
 
 use crate::config::{
-    MAX_CONFIG_KEYS, MAX_CONFIG_VALUE_BYTES, MAX_JS_SOURCE_BYTES, MAX_TOOLS_PER_COMPONENT,
+    MAX_CONFIG_KEYS, MAX_CONFIG_VALUE_BYTES, MAX_JS_SOURCE_BYTES, MAX_SPEC_BYTES_PER_TENANT,
+    MAX_TOOLS_PER_COMPONENT,
 };
 
 /// Why [`crate::Host::open`] failed.
@@ -85,6 +86,12 @@ pub enum InstallError {
         /// The quota.
         quota: u64,
     },
+    /// The tenant's tools' specs would be over [`MAX_SPEC_BYTES_PER_TENANT`].
+    #[error(
+        "the tenant's tools' specs would hold {0} bytes of JSON; a tenant's hold at most \
+         {MAX_SPEC_BYTES_PER_TENANT} together: remove tools, or make their schemas smaller"
+    )]
+    SpecsTooLarge(u64),
     /// The name is a native tool's.
     #[error("tool `{0}`: the name belongs to a native tool of this host")]
     NativeName(String),

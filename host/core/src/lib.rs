@@ -57,7 +57,7 @@ pub use approval::{ApprovalError, PendingCall};
 pub use catalog::{JsSource, Source, ToolInfo};
 pub use config::{
     HostConfig, MAX_CONFIG_KEYS, MAX_CONFIG_VALUE_BYTES, MAX_JS_SOURCE_BYTES, MAX_NESTING_DEPTH,
-    MAX_TOOLS_PER_COMPONENT,
+    MAX_SPEC_BYTES_PER_TENANT, MAX_TOOLS_PER_COMPONENT,
 };
 pub use error::{InstallError, ManageError, OpenError};
 pub use hooks::{CallHook, HookCall};

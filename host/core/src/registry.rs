@@ -237,6 +237,7 @@ mod tests {
                 component: component.into(),
                 runtime: None,
                 bytes: 10,
+                spec_json_bytes: 0,
                 installed_at_ms: 1,
             },
             schemas: OnceLock::new(),

@@ -611,7 +611,9 @@ impl From<InstallError> for ApiError {
             | InstallError::ReservedName(_)
             | InstallError::CaseConflict { .. } => (StatusCode::CONFLICT, "name_conflict"),
             InstallError::Tenant(_) => (StatusCode::BAD_REQUEST, "invalid_tenant"),
-            InstallError::CodeQuota { .. } => (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded"),
+            InstallError::CodeQuota { .. } | InstallError::SpecsTooLarge(_) => {
+                (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded")
+            }
             InstallError::Admission { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             InstallError::Store(store) => return Self::storage(store),
         };

@@ -126,8 +126,22 @@ pub struct ToolVersion {
     /// before sizes were kept).
     #[serde(default)]
     pub bytes: u64,
+    /// Its spec's size as JSON, counted once at install (0 in records written before it was
+    /// kept: then [`ToolVersion::spec_bytes`] counts it).
+    #[serde(default)]
+    pub spec_json_bytes: u64,
     /// When it was installed (Unix milliseconds).
     pub installed_at_ms: u64,
+}
+
+impl ToolVersion {
+    /// Its spec's size as JSON, which quotas charge.
+    pub fn spec_bytes(&self) -> u64 {
+        match self.spec_json_bytes {
+            0 => toolhost_spec::clip::json_bytes(&*self.spec),
+            counted => counted,
+        }
+    }
 }
 
 /// What kind of code implements a version.
@@ -178,10 +192,12 @@ impl ToolEntry {
         installed_at_ms: u64,
     ) {
         let version = self.versions.last().map_or(1, |v| v.version + 1);
+        let spec = spec.into();
         self.versions.push(ToolVersion {
             version,
             kind,
-            spec: spec.into(),
+            spec_json_bytes: toolhost_spec::clip::json_bytes(&*spec),
+            spec,
             component,
             runtime,
             bytes,
@@ -250,7 +266,7 @@ pub fn code_bytes<'a>(entries: impl IntoIterator<Item = &'a ToolEntry>) -> u64 {
     let mut specs = 0u64;
     for version in entries.into_iter().flat_map(|entry| &entry.versions) {
         blobs.insert(&version.component, version.bytes);
-        specs = specs.saturating_add(toolhost_spec::clip::json_bytes(&*version.spec));
+        specs = specs.saturating_add(version.spec_bytes());
     }
     blobs.values().sum::<u64>().saturating_add(specs)
 }
