@@ -17,9 +17,10 @@ use toolhost_spec::call::{CallError, CallOutcome};
 
 /// The per-minute series cover this many minutes.
 pub const HISTORY_MINUTES: u64 = 60;
-/// A tenant's records take at most this many bytes (their arguments, results and logs).
+/// A tenant's records take at most this many bytes of memory (their arguments, results and
+/// logs).
 pub const MAX_HISTORY_BYTES_PER_TENANT: usize = 1 << 20;
-/// An argument object or a result larger than this is kept as a note of its size.
+/// An argument object or a result taking more memory than this is kept as a note of its size.
 const MAX_KEPT_VALUE_BYTES: usize = 16 * 1024;
 /// Series kept per tenant; the tool called least recently gives way to a new one.
 const MAX_SERIES_PER_TENANT: usize = 64;
@@ -87,25 +88,27 @@ impl CallRecord {
         let lines: usize = log.lines.iter().map(|l| l.message.len() + 16).sum();
         let log = lines + log.stdout.len() + log.stderr.len();
         let result = match &self.outcome.result {
-            Ok(value) => json_bytes(value),
+            Ok(value) => held_bytes(value),
             // Each message is in the JSON twice: in `message` and in `errors`.
             Err(CallError::InvalidArgs { errors }) => (errors.iter())
                 .map(|e| 2 * e.message.len() + e.path.len() + 32)
                 .sum(),
             Err(error) => error.to_string().len(),
         };
-        256 + json_bytes(&self.arguments) + result + log
+        256 + held_bytes(&self.arguments) + result + log
     }
 }
 
 /// `value`, or a note of its size when it is over [`MAX_KEPT_VALUE_BYTES`]: measured before
 /// anything is copied.
 pub(crate) fn kept(value: &Value) -> Value {
-    let bytes = json_bytes(value);
+    let bytes = held_bytes(value);
     if bytes <= MAX_KEPT_VALUE_BYTES {
         return value.clone();
     }
-    Value::String(format!("({bytes} bytes: too large for the call history)"))
+    Value::String(format!(
+        "({bytes} bytes in memory: too large for the call history)"
+    ))
 }
 
 /// Which records [`History::recent`] returns.
@@ -366,17 +369,20 @@ fn latency_bucket(duration: Duration) -> usize {
     ((micros.log2() * 2.0).floor() as usize).min(LATENCY_BUCKETS - 1)
 }
 
-/// About the size of `value` as JSON, without writing it.
-fn json_bytes(value: &Value) -> usize {
-    match value {
-        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
-        Value::String(s) => s.len() + 2,
-        Value::Array(items) => 2 + items.iter().map(|v| json_bytes(v) + 1).sum::<usize>(),
-        Value::Object(map) => {
-            let entries = map.iter().map(|(k, v)| k.len() + 4 + json_bytes(v));
-            2 + entries.sum::<usize>()
+/// About the memory `value` holds, parsed: each value is a `Value` of its own, so an array
+/// of small numbers takes 16 times its JSON.
+fn held_bytes(value: &Value) -> usize {
+    // A key is a `String`, and the map indexes and hashes it.
+    const ENTRY: usize = size_of::<String>() + 16;
+    size_of::<Value>()
+        + match value {
+            Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+            Value::String(s) => s.len(),
+            Value::Array(items) => items.iter().map(held_bytes).sum(),
+            Value::Object(map) => (map.iter())
+                .map(|(k, v)| ENTRY + k.len() + held_bytes(v))
+                .sum(),
         }
-    }
 }
 
 #[cfg(test)]
@@ -451,7 +457,21 @@ mod tests {
         history.record("acme", call("a", 300, 1, Ok(json!("y".repeat(100_000)))));
         let newest = &history.recent("acme", &all(1))[0];
         let note = newest.outcome.result.as_ref().unwrap().as_str().unwrap();
-        assert!(note.starts_with("(100002 bytes"), "{note}");
+        let held = 100_000 + size_of::<Value>();
+        assert!(
+            note.starts_with(&format!("({held} bytes in memory")),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn a_value_is_measured_by_the_memory_it_holds_not_its_json() {
+        // 8 KiB of JSON, 128 KiB of `Value`s: once kept as it was.
+        let zeros = Value::Array(vec![json!(0); 4096]);
+        assert!(serde_json::to_string(&zeros).unwrap().len() < MAX_KEPT_VALUE_BYTES);
+        let note = kept(&zeros);
+        assert!(note.as_str().unwrap().contains("bytes in memory"), "{note}");
+        assert_eq!(held_bytes(&zeros), 4097 * size_of::<Value>());
     }
 
     #[test]
