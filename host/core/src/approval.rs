@@ -64,9 +64,10 @@ pub enum ApprovalError {
     Store(#[from] StoreError),
 }
 
-/// A held call, and the bytes of JSON it holds (its arguments and its caller's data).
+/// A held call, and the bytes of JSON it holds (its arguments and its caller's data). Shared,
+/// so that a listing copies it after letting go of the lock every tenant's holds take.
 struct Held {
-    call: HeldCall,
+    call: Arc<HeldCall>,
     bytes: u64,
 }
 
@@ -74,6 +75,7 @@ impl Held {
     fn new(call: HeldCall) -> Self {
         let json_bytes = toolhost_spec::clip::json_bytes;
         let bytes = json_bytes(&call.args) + json_bytes(&call.caller.data);
+        let call = Arc::new(call);
         Held { call, bytes }
     }
 }
@@ -197,23 +199,26 @@ impl Approvals {
         let held = held.ok_or_else(not_pending)?;
         let taken = self.store.held_call_remove(call_id).await?;
         self.forget(tenant, call_id);
+        let held = Arc::unwrap_or_clone(held);
         taken.then_some(held).ok_or_else(not_pending)
     }
 
     pub fn list(&self, tenant: &str) -> Vec<PendingCall> {
         let now = now_ms();
-        let pending = self.lock();
-        let Some(of_tenant) = pending.get(tenant) else {
-            return Vec::new();
+        let held: Vec<(String, Arc<HeldCall>)> = match self.lock().get(tenant) {
+            Some(of_tenant) => (of_tenant.iter())
+                .filter(|(_, held)| !expired(&held.call, now))
+                .map(|(id, held)| (id.clone(), held.call.clone()))
+                .collect(),
+            None => return Vec::new(),
         };
-        let mut calls: Vec<PendingCall> = of_tenant
-            .iter()
-            .filter(|(_, held)| !expired(&held.call, now))
-            .map(|(id, held)| PendingCall {
-                call_id: id.clone(),
-                tool: held.call.tool.clone(),
-                args: held.call.args.clone(),
-                waiting_ms: held.call.waiting_ms(now),
+        let mut calls: Vec<PendingCall> = held
+            .into_iter()
+            .map(|(call_id, held)| PendingCall {
+                call_id,
+                tool: held.tool.clone(),
+                args: held.args.clone(),
+                waiting_ms: held.waiting_ms(now),
             })
             .collect();
         calls.sort_by(|a, b| {
