@@ -17,7 +17,7 @@
 //! | `search_vectors` | model fingerprint and text digest | the vector's bytes               |
 //! | `usage`     | `tenant`                       | bytes of its KV and cache entries (u64 BE) |
 //! | `durable_calls` | call id                    | [`DurableCall`] JSON                      |
-//! | `durable_unended` | call id of each call not ended | nothing                          |
+//! | `durable_unended` | call id of each call not ended | its tenant (empty if queued by an older version) |
 //!
 //! Each write is one redb transaction, on disk (synced) before it returns; cached results and
 //! search vectors, which are computed again if lost, are synced lazily. redb blocks: every
@@ -688,7 +688,7 @@ impl RedbFile {
             tx.open_table(DURABLE_CALLS)?
                 .insert(call.id.as_bytes(), &json[..])?;
             tx.open_table(DURABLE_UNENDED)?
-                .insert(call.id.as_bytes(), &[][..])?;
+                .insert(call.id.as_bytes(), call.caller.tenant.as_bytes())?;
             Ok(())
         })
     }
@@ -797,10 +797,16 @@ impl RedbFile {
 
     fn durable_unfinished(&self, tenant: &str) -> Result<usize> {
         let mut count = 0;
-        for (id, _) in self.scan(DURABLE_UNENDED, b"")? {
-            // Without the arguments: every tenant's submit counts through every tenant's calls.
-            let call: Option<Unended> = self.get_json(DURABLE_CALLS, &id)?;
-            count += usize::from(call.is_some_and(|call| call.caller.tenant == tenant));
+        // Every tenant's submit counts through every tenant's calls: by the tenant kept beside
+        // each id, without reading the calls.
+        for (id, owner) in self.scan(DURABLE_UNENDED, b"")? {
+            let of_tenant = match owner.is_empty() {
+                false => owner == tenant.as_bytes(),
+                // Queued before the tenant was kept there.
+                true => (self.get_json::<Unended>(DURABLE_CALLS, &id)?)
+                    .is_some_and(|call| call.caller.tenant == tenant),
+            };
+            count += usize::from(of_tenant);
         }
         Ok(count)
     }
@@ -1693,6 +1699,33 @@ mod tests {
             .map(|t| t.name().to_owned())
             .collect();
         assert!(!tables.contains(&"artifacts".to_owned()), "{tables:?}");
+    }
+
+    #[test]
+    fn unended_calls_are_counted_by_tenant_also_when_queued_by_an_older_version() {
+        let store = RedbFile::temporary().unwrap();
+        let call = |id: &str, tenant: &str| DurableCall {
+            id: id.into(),
+            caller: toolhost_spec::call::Caller::tenant(tenant),
+            tool: "t".into(),
+            args: serde_json::json!({"pad": "x".repeat(1000)}),
+            retries_left: 0,
+            attempts: 0,
+            created_at_ms: 1,
+            state: DurableState::Queued,
+        };
+        for (id, tenant) in [("a1", "acme"), ("a2", "acme"), ("g1", "globex")] {
+            store.durable_put(&call(id, tenant)).unwrap();
+        }
+        // An older version kept nothing beside the id.
+        (store.write(Commit::Durable, |tx| {
+            tx.open_table(DURABLE_UNENDED)?
+                .insert(&b"a2"[..], &[][..])?;
+            Ok(())
+        }))
+        .unwrap();
+        let counts = ["acme", "globex", "initech"].map(|t| store.durable_unfinished(t).unwrap());
+        assert_eq!(counts, [2, 1, 0]);
     }
 
     #[test]
