@@ -460,14 +460,15 @@ async fn http_tools_over_one_request_stop_at_the_code_quota() {
 #[tokio::test]
 async fn a_tenants_specs_are_bounded_in_bytes() {
     let host = Host::open(crate::plugins::config()).await.unwrap();
-    let def = |name: &str| {
-        let parameters = json!({"type": "object", "description": "p".repeat(60_000)});
+    let sized = |name: &str, pad: usize| {
+        let parameters = json!({"type": "object", "description": "p".repeat(pad)});
         serde_json::from_value::<toolhost::http_tool::HttpToolDef>(json!({
             "spec": {"name": name, "description": "A tool.", "parameters": parameters},
             "request": {"method": "get", "url": "http://example.com/"}
         }))
         .unwrap()
     };
+    let def = |name: &str| sized(name, 60_000);
     let mut installed = 0;
     let refused = loop {
         match host
@@ -493,6 +494,15 @@ async fn a_tenants_specs_are_bounded_in_bytes() {
     host.install_http("globex", def("t0")).await.unwrap();
     assert!(host.remove("acme", "t1").await.unwrap());
     host.install_http("acme", def("again")).await.unwrap();
+    // Nor does a rollback get around it: a small version of t2 makes room, which another
+    // tool takes; t2's large version back would pass the bound.
+    host.install_http("acme", sized("t2", 10)).await.unwrap();
+    host.install_http("acme", def("took")).await.unwrap();
+    let refused = host.rollback("acme", "t2", None).await.unwrap_err();
+    assert!(
+        matches!(refused, toolhost::ManageError::SpecsTooLarge(_)),
+        "{refused}"
+    );
 }
 
 /// Live instances never hold more than the host's memory budget together: calls past it wait

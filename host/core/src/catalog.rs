@@ -548,7 +548,14 @@ impl Catalog {
                 available,
             });
         }
+        let served = self.tools.tenant_tools(tenant);
+        let before: u64 = served.iter().map(|tool| tool.version.spec_bytes()).sum();
+        let replaced = entry.current().spec_bytes();
         entry.current = target;
+        let after = (before + entry.current().spec_bytes()).saturating_sub(replaced);
+        if after > MAX_SPEC_BYTES_PER_TENANT && after > before {
+            return Err(ManageError::SpecsTooLarge(after));
+        }
         let tool = tenant_tool(&entry)?;
         self.store
             .put_tool_entries(std::slice::from_ref(&entry))
@@ -636,18 +643,67 @@ fn spec_bytes<'a>(entries: impl IntoIterator<Item = &'a ToolEntry>) -> u64 {
     current.sum()
 }
 
-/// One lock per tenant: one tenant's slow write (it reads every kept version of its tools)
-/// never holds up another's.
-#[derive(Default)]
-struct EntryLocks(std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+/// Tenants whose tool entries this process writes at once: each write holds a connection of
+/// a shared store's pool for its span (see `Store::lock_entries`), and needs another for its
+/// reads and writes.
+const CONCURRENT_ENTRY_WRITES: usize = 4;
+
+/// One lock per tenant, so that one tenant's slow write (it reads every kept version of its
+/// tools) never holds up another's, within [`CONCURRENT_ENTRY_WRITES`].
+struct EntryLocks {
+    by_tenant: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    writing: tokio::sync::Semaphore,
+}
+
+impl Default for EntryLocks {
+    fn default() -> Self {
+        EntryLocks {
+            by_tenant: Default::default(),
+            writing: tokio::sync::Semaphore::new(CONCURRENT_ENTRY_WRITES),
+        }
+    }
+}
+
+/// A tenant's entry lock, held (or waited for); its place in the map goes when no one else
+/// wants it, also when the wait is given up.
+struct EntryGuard<'a> {
+    locks: &'a EntryLocks,
+    tenant: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+    held: Option<(
+        tokio::sync::OwnedMutexGuard<()>,
+        tokio::sync::SemaphorePermit<'a>,
+    )>,
+}
 
 impl EntryLocks {
-    async fn lock(&self, tenant: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            locks.entry(tenant.to_owned()).or_default().clone()
+    async fn lock(&self, tenant: &str) -> EntryGuard<'_> {
+        let lock = self.locks().entry(tenant.to_owned()).or_default().clone();
+        let mut guard = EntryGuard {
+            locks: self,
+            tenant: tenant.to_owned(),
+            lock,
+            held: None,
         };
-        lock.lock_owned().await
+        let own = guard.lock.clone().lock_owned().await;
+        let slot = self.writing.acquire().await.expect("never closed");
+        guard.held = Some((own, slot));
+        guard
+    }
+
+    fn locks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+        self.by_tenant.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for EntryGuard<'_> {
+    fn drop(&mut self) {
+        self.held = None;
+        let mut locks = self.locks.locks();
+        // The map's and this guard's only: no one else holds or waits for it.
+        if Arc::strong_count(&self.lock) <= 2 {
+            locks.remove(&self.tenant);
+        }
     }
 }
 
@@ -761,5 +817,35 @@ fn tenant_info(tool: &TenantTool) -> ToolInfo {
                 installed_at_ms,
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_tenants_entry_lock_holds_up_only_its_own_writes_within_a_few_at_once() {
+        let locks = EntryLocks::default();
+        let acme = locks.lock("acme").await;
+        let again = tokio::time::timeout(Duration::from_millis(50), locks.lock("acme")).await;
+        assert!(again.is_err(), "acme's second write waits for its first");
+        let mut others = Vec::new();
+        for tenant in ["globex", "initech", "umbrella"]
+            .iter()
+            .take(CONCURRENT_ENTRY_WRITES - 1)
+        {
+            others.push(locks.lock(tenant).await);
+        }
+        let past = tokio::time::timeout(Duration::from_millis(50), locks.lock("hooli")).await;
+        assert!(
+            past.is_err(),
+            "{CONCURRENT_ENTRY_WRITES} tenants write at once"
+        );
+        drop((acme, others));
+        assert!(locks.locks().is_empty(), "a lock no one holds is forgotten");
+        drop(locks.lock("hooli").await);
+        assert!(locks.locks().is_empty());
     }
 }

@@ -150,6 +150,12 @@ pub enum ManageError {
         "the tenant has {MAX_CONFIG_KEYS} config keys, as many as it may: remove one to add `{0}`"
     )]
     TooManyConfigKeys(String),
+    /// The rollback would put the tenant's tools' specs over [`MAX_SPEC_BYTES_PER_TENANT`].
+    #[error(
+        "with that version current the tenant's tools' specs would hold {0} bytes of JSON; a \
+         tenant's hold at most {MAX_SPEC_BYTES_PER_TENANT} together"
+    )]
+    SpecsTooLarge(u64),
     /// A spec breaks a rule.
     #[error(transparent)]
     Spec(#[from] SpecError),

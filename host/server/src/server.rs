@@ -630,7 +630,7 @@ impl From<ManageError> for ApiError {
             }
             ManageError::Store(store) => return Self::storage(store),
             ManageError::Random(_) => return Self::internal(error),
-            ManageError::TooManyConfigKeys(_) => {
+            ManageError::TooManyConfigKeys(_) | ManageError::SpecsTooLarge(_) => {
                 (StatusCode::INSUFFICIENT_STORAGE, "quota_exceeded")
             }
             _ => (StatusCode::BAD_REQUEST, "bad_request"),

@@ -126,12 +126,16 @@ pub struct ToolVersion {
     /// before sizes were kept).
     #[serde(default)]
     pub bytes: u64,
-    /// Its spec's size as JSON, counted once at install (0 in records written before it was
-    /// kept: then [`ToolVersion::spec_bytes`] counts it).
-    #[serde(default)]
+    /// Its spec's size as JSON, counted once at install (absent in records written before it
+    /// was kept, until the entry is next written: then [`ToolVersion::spec_bytes`] counts it).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub spec_json_bytes: u64,
     /// When it was installed (Unix milliseconds).
     pub installed_at_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ToolVersion {
@@ -205,6 +209,9 @@ impl ToolEntry {
         });
         let excess = self.versions.len().saturating_sub(MAX_VERSIONS_KEPT);
         self.versions.drain(..excess);
+        for older in &mut self.versions {
+            older.spec_json_bytes = older.spec_bytes();
+        }
         self.current = version;
     }
 }
