@@ -3,7 +3,7 @@
 //! Written through to the store, so a restart keeps them: the app can still decide a call it
 //! was asked about before the restart. Each tenant holds at most [`MAX_PENDING_PER_TENANT`],
 //! each for at most [`PENDING_TTL`] and with at most [`MAX_HELD_ARGS_BYTES`] of arguments,
-//! and at most [`MAX_HELD_BYTES_PER_TENANT`] of arguments and caller data together.
+//! and at most [`MAX_HELD_BYTES_PER_TENANT`] of memory for arguments and caller data together.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,8 +20,8 @@ pub const MAX_PENDING_PER_TENANT: usize = 1000;
 /// A held call's arguments, as JSON, are at most this many bytes: a tenant's held calls
 /// stay in memory and in the store for up to [`PENDING_TTL`].
 pub const MAX_HELD_ARGS_BYTES: u64 = 64 * 1024;
-/// A tenant's held calls' arguments and caller data, as JSON, are at most this many bytes
-/// together: held in memory as parsed values, they take many times that.
+/// A tenant's held calls' arguments and caller data hold at most this many bytes of memory
+/// together, as parsed values (an array of small numbers holds 36 times its JSON).
 pub const MAX_HELD_BYTES_PER_TENANT: u64 = 4 << 20;
 /// A call not decided within this is dropped.
 pub const PENDING_TTL: Duration = Duration::from_secs(3600);
@@ -50,8 +50,8 @@ pub enum ApprovalError {
     TooMany,
     /// The tenant's held calls would hold over [`MAX_HELD_BYTES_PER_TENANT`].
     #[error(
-        "a tenant's calls held for approval have at most {MAX_HELD_BYTES_PER_TENANT} bytes of \
-         arguments and caller data as JSON together; with this call they would have {0}"
+        "a tenant's calls held for approval hold at most {MAX_HELD_BYTES_PER_TENANT} bytes of \
+         memory for their arguments and caller data together; with this call they would hold {0}"
     )]
     TooMuchHeld(u64),
     /// The call's arguments are over [`MAX_HELD_ARGS_BYTES`] of JSON.
@@ -64,8 +64,8 @@ pub enum ApprovalError {
     Store(#[from] StoreError),
 }
 
-/// A held call, and the bytes of JSON it holds (its arguments and its caller's data). Shared,
-/// so that a listing copies it after letting go of the lock every tenant's holds take.
+/// A held call, and the memory its arguments and its caller's data hold. Shared, so that a
+/// listing copies it after letting go of the lock every tenant's holds take.
 struct Held {
     call: Arc<HeldCall>,
     bytes: u64,
@@ -73,8 +73,8 @@ struct Held {
 
 impl Held {
     fn new(call: HeldCall) -> Self {
-        let json_bytes = toolhost_spec::clip::json_bytes;
-        let bytes = json_bytes(&call.args) + json_bytes(&call.caller.data);
+        let held_bytes = |value| toolhost_spec::clip::held_bytes(value) as u64;
+        let bytes = held_bytes(&call.args) + held_bytes(&call.caller.data);
         let call = Arc::new(call);
         Held { call, bytes }
     }
@@ -270,7 +270,8 @@ mod tests {
                 Err(error) => break error,
             }
         };
-        let each = toolhost_spec::clip::json_bytes(&args);
+        let held_bytes = |value| toolhost_spec::clip::held_bytes(value) as u64;
+        let each = held_bytes(&args) + held_bytes(&Value::Null); // and no caller data
         assert_eq!(held, MAX_HELD_BYTES_PER_TENANT / each);
         assert!(
             matches!(refused, ApprovalError::TooMuchHeld(bytes) if bytes > MAX_HELD_BYTES_PER_TENANT),
@@ -286,6 +287,28 @@ mod tests {
             .hold("globex-1", &globex, "wire", args.clone())
             .await
             .unwrap();
+        // Measured as the memory it holds: 20 KB of zeros hold 20 000 `Value`s.
+        let zeros = json!(vec![0; 10_000]);
+        let initech = Caller::tenant("initech");
+        let mut zeros_held = 0;
+        let refused = loop {
+            let id = format!("i{zeros_held}");
+            match approvals.hold(&id, &initech, "wire", zeros.clone()).await {
+                Ok(()) => zeros_held += 1,
+                Err(error) => break error,
+            }
+        };
+        assert!(
+            matches!(refused, ApprovalError::TooMuchHeld(_)),
+            "{refused}"
+        );
+        let each = held_bytes(&zeros) + held_bytes(&Value::Null);
+        assert_eq!(zeros_held, MAX_HELD_BYTES_PER_TENANT / each);
+        assert!(
+            zeros_held < 100,
+            "JSON would have let {} in",
+            (4 << 20) / 20_000
+        );
         // A decision makes room.
         approvals.take("acme", "acme-0").await.unwrap();
         approvals

@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 use toolhost_spec::call::{CallError, CallOutcome};
+use toolhost_spec::clip::held_bytes;
 
 /// The per-minute series cover this many minutes.
 pub const HISTORY_MINUTES: u64 = 60;
@@ -367,22 +368,6 @@ impl Minute {
 fn latency_bucket(duration: Duration) -> usize {
     let micros = duration.as_micros().max(1) as f64;
     ((micros.log2() * 2.0).floor() as usize).min(LATENCY_BUCKETS - 1)
-}
-
-/// About the memory `value` holds, parsed: each value is a `Value` of its own, so an array
-/// of small numbers takes 16 times its JSON.
-fn held_bytes(value: &Value) -> usize {
-    // A key is a `String`, and the map indexes and hashes it.
-    const ENTRY: usize = size_of::<String>() + 16;
-    size_of::<Value>()
-        + match value {
-            Value::Null | Value::Bool(_) | Value::Number(_) => 0,
-            Value::String(s) => s.len(),
-            Value::Array(items) => items.iter().map(held_bytes).sum(),
-            Value::Object(map) => (map.iter())
-                .map(|(k, v)| ENTRY + k.len() + held_bytes(v))
-                .sum(),
-        }
 }
 
 #[cfg(test)]
