@@ -256,20 +256,30 @@ mod tests {
         assert!(expired(&held, 0), "the clock at the epoch: no overflow");
     }
 
+    /// Holds calls of `caller` with `args` (as `tenant-N`) until one is refused: how many
+    /// were held, and why the next was not.
+    async fn hold_until_refused(
+        approvals: &Approvals,
+        caller: &Caller,
+        args: &Value,
+    ) -> (u64, ApprovalError) {
+        let mut held = 0;
+        loop {
+            let id = format!("{}-{held}", caller.tenant);
+            match approvals.hold(&id, caller, "wire", args.clone()).await {
+                Ok(()) => held += 1,
+                Err(error) => return (held, error),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn a_tenants_held_calls_hold_a_bounded_number_of_bytes() {
         let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
         let approvals = Approvals::load(store).await.unwrap();
         let args = json!({"pad": "x".repeat(60_000)});
         let (acme, globex) = (Caller::tenant("acme"), Caller::tenant("globex"));
-        let mut held = 0;
-        let refused = loop {
-            let id = format!("acme-{held}");
-            match approvals.hold(&id, &acme, "wire", args.clone()).await {
-                Ok(()) => held += 1,
-                Err(error) => break error,
-            }
-        };
+        let (held, refused) = hold_until_refused(&approvals, &acme, &args).await;
         let held_bytes = |value| toolhost_spec::clip::held_bytes(value) as u64;
         let each = held_bytes(&args) + held_bytes(&Value::Null); // and no caller data
         assert_eq!(held, MAX_HELD_BYTES_PER_TENANT / each);
@@ -287,17 +297,10 @@ mod tests {
             .hold("globex-1", &globex, "wire", args.clone())
             .await
             .unwrap();
-        // Measured as the memory it holds: 20 KB of zeros hold 20 000 `Value`s.
+        // Measured as the memory it holds: 20 KB of JSON, 10 001 `Value`s.
         let zeros = json!(vec![0; 10_000]);
         let initech = Caller::tenant("initech");
-        let mut zeros_held = 0;
-        let refused = loop {
-            let id = format!("i{zeros_held}");
-            match approvals.hold(&id, &initech, "wire", zeros.clone()).await {
-                Ok(()) => zeros_held += 1,
-                Err(error) => break error,
-            }
-        };
+        let (zeros_held, refused) = hold_until_refused(&approvals, &initech, &zeros).await;
         assert!(
             matches!(refused, ApprovalError::TooMuchHeld(_)),
             "{refused}"
