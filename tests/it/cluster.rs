@@ -37,6 +37,16 @@ impl Database {
         }
     }
 
+    /// Runs `statement` on the database, as an operator would with `psql`.
+    pub fn sql(&self, statement: &str) {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
+            sqlx::query(statement).execute(&pool).await.unwrap();
+            pool.close().await;
+        });
+    }
+
     /// The CLI against this database (a node of its own, with its own data directory).
     pub fn cli(&self, data: &Path, args: &[&str]) -> (Option<i32>, String, Duration) {
         let mut command = cli(data, args);
@@ -596,6 +606,9 @@ fn a_node_survives_a_database_restart() {
     );
     assert_eq!(status, 202, "{body}");
     let running: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // A change that sends no notice (an operator's SQL) is not seen until a re-sync.
+    db.sql("DELETE FROM tools WHERE tenant = 'acme' AND name = 'busy'");
+    assert_eq!(call_status(&a, &key, "busy", r#"{"ms": 1}"#).0, 200);
 
     // Every connection of the node's pool and its listener is cut.
     server.restart();
@@ -616,6 +629,12 @@ fn a_node_survives_a_database_restart() {
     let (status, body) = http(a.addr, "GET", &path, &key, b"");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(r#""status":"done""#), "{body}");
+    // The listener's reconnection re-synced the node: the tenant's revision had moved.
+    within(
+        Duration::from_secs(10),
+        "the re-sync reaches the node",
+        || call_status(&a, &key, "busy", r#"{"ms": 1}"#).0 == 404,
+    );
     // And other nodes' changes reach it again: its listener reconnected.
     let (code, out, _) = db.cli(
         &dir.path().join("operator"),

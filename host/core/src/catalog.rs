@@ -2,7 +2,7 @@
 //! versions, rollback, removal, listing, and resolving a name for a call. Each tenant's tools
 //! are kept in memory, rebuilt from the store at start, beside the app's native tools.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
@@ -160,6 +160,9 @@ pub(crate) struct Catalog {
     stamps: std::sync::RwLock<ChangeStamps>,
     /// The JS runtime new JS tools are installed on, by component sha256.
     js_runtime: Option<String>,
+    /// Each tenant's tools revision as of this process's last full read of them: a re-sync
+    /// reads again only the tenants whose stored revision moved since.
+    revisions_read: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 /// When each tenant's tools last changed, counted in the catalog's changes. One count for
@@ -191,6 +194,7 @@ pub struct StoredCatalog {
     store: Arc<dyn Store>,
     tools: TenantTools,
     js_runtime: Option<String>,
+    revisions: HashMap<String, u64>,
 }
 
 impl StoredCatalog {
@@ -216,6 +220,9 @@ impl StoredCatalog {
             }
             None => None,
         };
+        // Before the entries: a write in between moves a revision past what was read, and
+        // the next re-sync reads that tenant again.
+        let revisions = store.tool_revisions().await?;
         let records = store.tool_entries().await?;
         collect_blobs(&*store, &records, js_runtime.as_deref()).await?;
         let tools = TenantTools::default();
@@ -226,6 +233,7 @@ impl StoredCatalog {
             store,
             tools,
             js_runtime,
+            revisions,
         })
     }
 }
@@ -242,6 +250,7 @@ impl Catalog {
             changes: tokio::sync::broadcast::channel(256).0,
             stamps: Default::default(),
             js_runtime: stored.js_runtime,
+            revisions_read: std::sync::Mutex::new(stored.revisions),
         }
     }
 
@@ -610,29 +619,44 @@ impl Catalog {
         Ok(())
     }
 
-    /// Reads every tenant's tools again (notices from other nodes may have been missed). A
-    /// tenant whose tools differ is read again under its lock, so that this process's own
-    /// write in between is not undone.
+    /// Reads again the tools of every tenant whose stored revision moved since this process
+    /// last read them (notices from other nodes may have been missed): one small row per
+    /// tenant, not every entry of every tenant.
     pub async fn reload_all(&self) -> Result<(), StoreError> {
-        let mut by_tenant: BTreeMap<String, Vec<ToolEntry>> = self
-            .tools
-            .tenants()
-            .into_iter()
-            .map(|tenant| (tenant, Vec::new()))
-            .collect();
-        for entry in self.store.tool_entries().await?.entries {
-            by_tenant
-                .entry(entry.tenant.clone())
-                .or_default()
-                .push(entry);
-        }
-        for (tenant, entries) in by_tenant {
-            if self.tools.differs(&tenant, &valid_tools(entries)) {
-                self.reload(&tenant).await?;
-            }
+        let revisions = self.store.tool_revisions().await?;
+        let stale = {
+            let read = self.revisions_read();
+            stale_tenants(self.tools.tenants(), &read, &revisions)
+        };
+        for tenant in stale {
+            // Read under the tenant's lock, so this process's own write is not undone.
+            self.reload(&tenant).await?;
+            let revision = revisions.get(&tenant).copied().unwrap_or(0);
+            self.revisions_read().insert(tenant, revision);
         }
         Ok(())
     }
+
+    fn revisions_read(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.revisions_read
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The tenants to read again: those whose stored revision is not the one last read, and
+/// those served with no stored revision at all.
+fn stale_tenants(
+    served: Vec<String>,
+    read: &HashMap<String, u64>,
+    stored: &HashMap<String, u64>,
+) -> BTreeSet<String> {
+    let moved = stored
+        .iter()
+        .filter(|&(tenant, revision)| read.get(tenant) != Some(revision))
+        .map(|(tenant, _)| tenant.clone());
+    let unknown = served.into_iter().filter(|t| !stored.contains_key(t));
+    moved.chain(unknown).collect()
 }
 
 /// Bytes of the current versions' specs of `entries`, as JSON: what serving them holds.
@@ -847,5 +871,25 @@ mod tests {
         assert!(locks.locks().is_empty(), "a lock no one holds is forgotten");
         drop(locks.lock("hooli").await);
         assert!(locks.locks().is_empty());
+    }
+
+    #[test]
+    fn a_resync_reads_again_only_the_tenants_whose_revision_moved() {
+        let revisions = |pairs: &[(&str, u64)]| -> HashMap<String, u64> {
+            pairs.iter().map(|&(t, r)| (t.to_owned(), r)).collect()
+        };
+        let read = revisions(&[("acme", 3), ("globex", 7), ("initech", 1)]);
+        let stored = revisions(&[("acme", 3), ("globex", 8), ("initech", 1), ("hooli", 1)]);
+        let served = ["acme", "globex", "initech", "umbrella"]
+            .map(String::from)
+            .to_vec();
+        let stale = stale_tenants(served, &read, &stored);
+        // globex moved, hooli is new, and umbrella is served with no stored revision at all.
+        assert_eq!(
+            stale,
+            ["globex", "hooli", "umbrella"].map(String::from).into()
+        );
+        let served = ["acme", "globex"].map(String::from).to_vec();
+        assert!(stale_tenants(served, &stored, &stored).is_empty());
     }
 }

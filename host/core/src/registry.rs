@@ -202,18 +202,6 @@ impl TenantTools {
         specs.share_spec(&tool.version.component, &mut tool.version.spec);
         tool
     }
-
-    /// Whether `tools` are not exactly `tenant`'s tools as served now.
-    pub fn differs(&self, tenant: &str, tools: &[TenantTool]) -> bool {
-        let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
-        let served = tenants.get(tenant);
-        served.map_or(0, BTreeMap::len) != tools.len()
-            || tools.iter().any(|tool| {
-                served
-                    .and_then(|served| served.get(&tool.spec().name))
-                    .is_none_or(|served| served.version != tool.version)
-            })
-    }
 }
 
 /// Tenant ids come from the embedding app: any 1 to 128 printable characters.

@@ -368,6 +368,12 @@ pub trait Store: Send + Sync {
     async fn put_tool_entries(&self, entries: &[ToolEntry]) -> Result<()>;
     /// Forgets a tool; false if there was none.
     async fn remove_tool_entry(&self, tenant: &str, name: &str) -> Result<bool>;
+    /// Each tenant's tools revision: it moves whenever any of the tenant's entries is written
+    /// or removed, by any process, so a node re-reads only the tenants whose revision moved.
+    /// Empty for a store only this process writes: nothing there changes behind its back.
+    async fn tool_revisions(&self) -> Result<HashMap<String, u64>> {
+        Ok(HashMap::new())
+    }
     /// Holds the tenant's tool entries for one read-modify-write (an install, a rollback, a
     /// removal) against every other process on this store, until the lock is dropped. A
     /// store only this process writes has nothing to lock: the host serializes its own.

@@ -10,6 +10,7 @@
 //! `LISTEN`s and passes the notices on as [`Change`]s.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -42,6 +43,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "cache tenant expiry",
         include_str!("../migrations/0002_cache_tenant_expiry.sql"),
+    ),
+    (
+        3,
+        "tool revisions",
+        include_str!("../migrations/0003_tool_revisions.sql"),
     ),
 ];
 
@@ -542,6 +548,19 @@ impl Store for PgStore {
             tenant: tenant.to_owned(),
         };
         Ok(self.write_announced(query, change).await? > 0)
+    }
+
+    /// Moved on by a trigger at every write of `tools` (migration 0003).
+    async fn tool_revisions(&self) -> Result<HashMap<String, u64>> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT tenant, revision FROM tool_revisions")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend)?;
+        let revisions = rows.into_iter();
+        Ok(revisions
+            .map(|(tenant, revision)| (tenant, revision as u64))
+            .collect())
     }
 
     /// A transaction-scoped advisory lock on the tenant's entries: released when the

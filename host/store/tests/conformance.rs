@@ -743,6 +743,40 @@ async fn a_tenants_entries_are_locked_across_nodes_for_one_change() {
     assert!(taken.await.is_ok(), "released when a's lock is dropped");
 }
 
+/// PostgreSQL only: every write of a tenant's entries moves its revision on, whoever makes it
+/// (a node's re-sync reads again only those tenants), and no other tenant's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_tool_revision_moves_with_every_write_of_its_entries() {
+    let url = fresh_database().await;
+    let store = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
+    assert!(store.tool_revisions().await.unwrap().is_empty());
+    let (a, b) = (entry("a", "t", "sha1"), entry("b", "t", "sha2"));
+    store.put_tool_entries(&[a.clone(), b]).await.unwrap();
+    let mut before = store.tool_revisions().await.unwrap();
+    assert_eq!(before.len(), 2);
+    let mut moved = async || {
+        let after = store.tool_revisions().await.unwrap();
+        let mut moved: Vec<String> = (after.iter())
+            .filter(|&(tenant, revision)| before.get(tenant) != Some(revision))
+            .map(|(tenant, _)| tenant.clone())
+            .collect();
+        moved.sort();
+        before = after;
+        moved
+    };
+    store.put_tool_entries(&[a]).await.unwrap();
+    assert_eq!(moved().await, ["a"]);
+    assert!(store.remove_tool_entry("b", "t").await.unwrap());
+    assert_eq!(moved().await, ["b"], "a removal moves it too");
+    // A write that sends no notice (another version's node, an operator's SQL) moves it too.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query("DELETE FROM tools WHERE tenant = 'a'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(moved().await, ["a"]);
+}
+
 /// A write that replaces an expired result, when the quota makes it purge expired ones first,
 /// gives the old result's bytes back once, not twice.
 async fn rewriting_an_expired_result_over_the_quota_counts_its_bytes_once(store: Arc<dyn Store>) {
