@@ -17,7 +17,7 @@
 //! | `search_vectors` | model fingerprint and text digest | the vector's bytes               |
 //! | `usage`     | `tenant`                       | bytes of its KV and cache entries (u64 BE) |
 //! | `durable_calls` | call id                    | [`DurableCall`] JSON                      |
-//! | `durable_unended` | call id of each call not ended | its tenant (empty if queued by an older version) |
+//! | `durable_pending` | call id of each call not ended | created-at, lease-until (0: queued; u64 BE ms each), tenant |
 //!
 //! Each write is one redb transaction, on disk (synced) before it returns; cached results and
 //! search vectors, which are computed again if lost, are synced lazily. redb blocks: every
@@ -67,7 +67,10 @@ const POLICIES: Table = TableDefinition::new("policies");
 const HELD_CALLS: Table = TableDefinition::new("held_calls");
 const SEARCH_VECTORS: Table = TableDefinition::new("search_vectors");
 const DURABLE_CALLS: Table = TableDefinition::new("durable_calls");
-/// The ids of the durable calls that have not ended: what a claim looks through.
+/// The durable calls that have not ended, each with what a claim orders them by
+/// ([`Pending`]): a claim reads only the call it takes, not every waiting call's arguments.
+const DURABLE_PENDING: Table = TableDefinition::new("durable_pending");
+/// What an older version kept in place of [`DURABLE_PENDING`]: removed when that is built.
 const DURABLE_UNENDED: Table = TableDefinition::new("durable_unended");
 /// Each tenant's ended durable calls, oldest first (`tenant \0 ended_at id`): a call that
 /// ends trims its tenant's to the newest [`crate::MAX_ENDED_KEPT`] at once, as PostgreSQL's
@@ -77,7 +80,7 @@ const DURABLE_ENDED: Table = TableDefinition::new("durable_ended");
 const USAGE: Table = TableDefinition::new("usage");
 const TABLES: [Table; 17] = [
     DURABLE_CALLS,
-    DURABLE_UNENDED,
+    DURABLE_PENDING,
     DURABLE_ENDED,
     TOOLS,
     BLOBS,
@@ -227,6 +230,7 @@ impl RedbFile {
             let had = |table: Table| had.iter().any(|name| name == table.name());
             let (counted, listed, indexed) = (had(USAGE), had(BLOB_SHAS), had(CACHE_EXPIRY));
             let checksummed = had(CHECKSUMMED_ARTIFACTS);
+            let pending = had(DURABLE_PENDING);
             for table in TABLES {
                 tx.open_table(table)?;
             }
@@ -241,6 +245,9 @@ impl RedbFile {
             }
             if checksummed {
                 move_checksummed_artifacts(tx)?;
+            }
+            if !pending {
+                index_pending(tx)?;
             }
             Ok(())
         })?;
@@ -515,17 +522,91 @@ fn purge_expired(
     Ok(freed)
 }
 
-/// What ordering the calls not ended needs of each: read without its arguments.
-#[derive(serde::Deserialize)]
-struct Unended {
-    caller: UnendedCaller,
+/// A durable call not ended, as [`DURABLE_PENDING`] keeps it.
+#[derive(Debug, PartialEq)]
+struct Pending {
     created_at_ms: u64,
-    state: DurableState,
+    /// 0 while queued: a running call's lease ends later than that.
+    lease_until_ms: u64,
+    tenant: String,
 }
 
-#[derive(serde::Deserialize)]
-struct UnendedCaller {
-    tenant: String,
+impl Pending {
+    /// `None` once the call has ended.
+    fn of(call: &DurableCall) -> Option<Pending> {
+        let lease_until_ms = match call.state {
+            DurableState::Queued => 0,
+            DurableState::Running { lease_until_ms, .. } => lease_until_ms,
+            DurableState::Done { .. } | DurableState::Lost { .. } => return None,
+        };
+        Some(Pending {
+            created_at_ms: call.created_at_ms,
+            lease_until_ms,
+            tenant: call.caller.tenant.clone(),
+        })
+    }
+
+    fn running(&self) -> bool {
+        self.lease_until_ms != 0
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        let (created, lease) = (self.created_at_ms, self.lease_until_ms);
+        [
+            &created.to_be_bytes()[..],
+            &lease.to_be_bytes(),
+            self.tenant.as_bytes(),
+        ]
+        .concat()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<Pending> {
+        let (created, rest) = bytes.split_first_chunk::<8>()?;
+        let (lease, tenant) = rest.split_first_chunk::<8>()?;
+        Some(Pending {
+            created_at_ms: u64::from_be_bytes(*created),
+            lease_until_ms: u64::from_be_bytes(*lease),
+            tenant: String::from_utf8(tenant.to_vec()).ok()?,
+        })
+    }
+}
+
+/// Writes `call`, and keeps [`DURABLE_PENDING`] and [`DURABLE_ENDED`] in step with its state.
+fn store_durable(
+    tx: &redb::WriteTransaction,
+    calls: &mut redb::Table<&[u8], &[u8]>,
+    call: &DurableCall,
+) -> std::result::Result<(), redb::Error> {
+    let json = serde_json::to_vec(call).expect("a durable call serializes");
+    calls.insert(call.id.as_bytes(), &json[..])?;
+    let mut pending = tx.open_table(DURABLE_PENDING)?;
+    match Pending::of(call) {
+        Some(state) => {
+            pending.insert(call.id.as_bytes(), &state.to_bytes()[..])?;
+        }
+        None => {
+            pending.remove(call.id.as_bytes())?;
+            drop(pending);
+            keep_newest_ended(tx, calls, call)?;
+        }
+    }
+    Ok(())
+}
+
+/// Lists every call not ended in [`DURABLE_PENDING`], once, for a store written before it
+/// was kept, and drops what that store kept instead.
+fn index_pending(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
+    let calls = tx.open_table(DURABLE_CALLS)?;
+    let mut pending = tx.open_table(DURABLE_PENDING)?;
+    for entry in calls.iter()? {
+        let (id, json) = entry?;
+        let call = serde_json::from_slice::<DurableCall>(json.value()).ok();
+        if let Some(state) = call.as_ref().and_then(Pending::of) {
+            pending.insert(id.value(), &state.to_bytes()[..])?;
+        }
+    }
+    tx.delete_table(DURABLE_UNENDED)?;
+    Ok(())
 }
 
 /// Where an ended call is in [`DURABLE_ENDED`]: its tenant's calls in the order they ended.
@@ -683,13 +764,8 @@ impl RedbFile {
     }
 
     fn durable_put(&self, call: &DurableCall) -> Result<()> {
-        let json = serde_json::to_vec(call).expect("a durable call serializes");
         self.write(Commit::Durable, |tx| {
-            tx.open_table(DURABLE_CALLS)?
-                .insert(call.id.as_bytes(), &json[..])?;
-            tx.open_table(DURABLE_UNENDED)?
-                .insert(call.id.as_bytes(), call.caller.tenant.as_bytes())?;
-            Ok(())
+            store_durable(tx, &mut tx.open_table(DURABLE_CALLS)?, call)
         })
     }
 
@@ -697,67 +773,11 @@ impl RedbFile {
         self.get_json(DURABLE_CALLS, id.as_bytes())
     }
 
-    /// Runs `change` on the calls not ended, oldest first (only `id`, if given), in one
-    /// transaction, writing back each it changed, until it returns a value. Calls whose state
-    /// `unchanged` rules out are passed over without reading their arguments: a claim looks
-    /// through every tenant's waiting calls, each with up to 64 KiB of them.
-    fn durable_update<T>(
-        &self,
-        id: Option<&str>,
-        unchanged: impl Fn(&DurableState) -> bool,
-        mut change: impl FnMut(&mut DurableCall) -> (bool, Option<T>),
-    ) -> Result<Option<T>> {
-        self.write(Commit::Durable, |tx| {
-            let mut table = tx.open_table(DURABLE_CALLS)?;
-            let mut unended = tx.open_table(DURABLE_UNENDED)?;
-            let ids: Vec<Vec<u8>> = match id {
-                Some(id) => vec![id.as_bytes().to_vec()],
-                None => unended
-                    .iter()?
-                    .filter_map(|entry| Some(entry.ok()?.0.value().to_vec()))
-                    .collect(),
-            };
-            let mut calls: Vec<(Vec<u8>, Unended)> = Vec::new();
-            for id in ids {
-                let stored = table.get(&id[..])?;
-                if let Some(call) = stored.and_then(|v| serde_json::from_slice(v.value()).ok()) {
-                    calls.push((id, call));
-                }
-            }
-            // The tenant running the fewest calls first, then the oldest call: one tenant's
-            // flood of slow calls never holds every worker while another's wait.
-            let mut running: std::collections::HashMap<String, usize> = Default::default();
-            for (_, call) in &calls {
-                if matches!(call.state, DurableState::Running { .. }) {
-                    *running.entry(call.caller.tenant.clone()).or_default() += 1;
-                }
-            }
-            let load = |call: &Unended| running.get(&call.caller.tenant).copied().unwrap_or(0);
-            calls.sort_by_key(|(_, call)| (load(call), call.created_at_ms));
-            for (id, _) in calls.iter().filter(|(_, call)| !unchanged(&call.state)) {
-                let stored = table.get(&id[..])?.map(|v| v.value().to_vec());
-                let Some(mut call) =
-                    stored.and_then(|v| serde_json::from_slice::<DurableCall>(&v).ok())
-                else {
-                    continue;
-                };
-                let (changed, found) = change(&mut call);
-                if changed {
-                    let json = serde_json::to_vec(&call).expect("a durable call serializes");
-                    table.insert(call.id.as_bytes(), &json[..])?;
-                    if call.ended() {
-                        unended.remove(call.id.as_bytes())?;
-                        keep_newest_ended(tx, &mut table, &call)?;
-                    }
-                }
-                if found.is_some() {
-                    return Ok(found);
-                }
-            }
-            Ok(None)
-        })
-    }
-
+    /// Of the calls queued, or running with their lease past `now_ms`, the oldest of the
+    /// tenant running the fewest calls, leased to `node`: one tenant's flood of slow calls
+    /// never holds every worker while another's wait. Ordered by [`DURABLE_PENDING`] alone,
+    /// so only the calls tried are read. A stalled call without retries left ends `lost`, and
+    /// the next is tried.
     fn durable_claim(
         &self,
         node: &str,
@@ -765,50 +785,70 @@ impl RedbFile {
         lease_until: u64,
     ) -> Result<Option<DurableCall>> {
         // Idle workers ask often: with nothing to claim, no write (and no sync) at all.
-        if self.read(DURABLE_UNENDED, |t| t.is_empty().map_err(backend))? {
+        if self.read(DURABLE_PENDING, |t| t.is_empty().map_err(backend))? {
             return Ok(None);
         }
-        // A call running on a live lease is left as it is: `crate::claim` takes only the
-        // waiting and the stalled.
-        let live = |state: &DurableState| matches!(state, DurableState::Running { lease_until_ms, .. } if *lease_until_ms >= now_ms);
-        self.durable_update(None, live, |call| {
-            let before = call.state.clone();
-            let claimed = crate::claim(call, node, now_ms, lease_until);
-            (call.state != before, claimed)
+        self.write(Commit::Durable, |tx| {
+            let mut pending: Vec<(Vec<u8>, Pending)> = Vec::new();
+            for entry in tx.open_table(DURABLE_PENDING)?.iter()? {
+                let (id, state) = entry?;
+                if let Some(state) = Pending::from_bytes(state.value()) {
+                    pending.push((id.value().to_vec(), state));
+                }
+            }
+            let mut running: std::collections::HashMap<String, usize> = Default::default();
+            for (_, state) in pending.iter().filter(|(_, state)| state.running()) {
+                *running.entry(state.tenant.clone()).or_default() += 1;
+            }
+            let load = |state: &Pending| running.get(&state.tenant).copied().unwrap_or(0);
+            pending.sort_by_key(|(_, state)| (load(state), state.created_at_ms));
+            let mut calls = tx.open_table(DURABLE_CALLS)?;
+            let claimable = |state: &Pending| !state.running() || state.lease_until_ms < now_ms;
+            for (id, _) in pending.iter().filter(|(_, state)| claimable(state)) {
+                let stored = calls.get(&id[..])?.map(|v| v.value().to_vec());
+                let Some(mut call) =
+                    stored.and_then(|v| serde_json::from_slice::<DurableCall>(&v).ok())
+                else {
+                    continue;
+                };
+                let before = call.state.clone();
+                let claimed = crate::claim(&mut call, node, now_ms, lease_until);
+                if call.state != before {
+                    store_durable(tx, &mut calls, &call)?;
+                }
+                if claimed.is_some() {
+                    return Ok(claimed);
+                }
+            }
+            Ok(None)
         })
     }
 
     /// Moves `node`'s running call `id` to `next`; whether it was `node`'s.
     fn durable_own(&self, id: &str, node: &str, next: DurableState) -> Result<bool> {
-        let owned = self.durable_update(
-            Some(id),
-            |_| false,
-            |call| {
-                let mine =
-                    matches!(&call.state, DurableState::Running { node: on, .. } if on == node);
-                if mine {
-                    call.state = next.clone();
-                }
-                (mine, Some(mine))
-            },
-        )?;
-        Ok(owned == Some(true))
+        self.write(Commit::Durable, |tx| {
+            let mut calls = tx.open_table(DURABLE_CALLS)?;
+            let stored = calls.get(id.as_bytes())?.map(|v| v.value().to_vec());
+            let call = stored.and_then(|v| serde_json::from_slice::<DurableCall>(&v).ok());
+            let Some(mut call) = call else {
+                return Ok(false);
+            };
+            let mine = matches!(&call.state, DurableState::Running { node: on, .. } if on == node);
+            if mine {
+                call.state = next;
+                store_durable(tx, &mut calls, &call)?;
+            }
+            Ok(mine)
+        })
     }
 
+    /// Every tenant's submit counts through every tenant's calls not ended: by the tenant
+    /// kept beside each id, without reading the calls.
     fn durable_unfinished(&self, tenant: &str) -> Result<usize> {
-        let mut count = 0;
-        // Every tenant's submit counts through every tenant's calls: by the tenant kept beside
-        // each id, without reading the calls.
-        for (id, owner) in self.scan(DURABLE_UNENDED, b"")? {
-            let of_tenant = match owner.is_empty() {
-                false => owner == tenant.as_bytes(),
-                // Queued before the tenant was kept there.
-                true => (self.get_json::<Unended>(DURABLE_CALLS, &id)?)
-                    .is_some_and(|call| call.caller.tenant == tenant),
-            };
-            count += usize::from(of_tenant);
-        }
-        Ok(count)
+        let pending = self.scan(DURABLE_PENDING, b"")?;
+        let of_tenant =
+            |state: &[u8]| Pending::from_bytes(state).is_some_and(|p| p.tenant == tenant);
+        Ok(pending.iter().filter(|(_, state)| of_tenant(state)).count())
     }
 
     fn durable_purge(&self, before_ms: u64) -> Result<usize> {
@@ -1701,10 +1741,8 @@ mod tests {
         assert!(!tables.contains(&"artifacts".to_owned()), "{tables:?}");
     }
 
-    #[test]
-    fn unended_calls_are_counted_by_tenant_also_when_queued_by_an_older_version() {
-        let store = RedbFile::temporary().unwrap();
-        let call = |id: &str, tenant: &str| DurableCall {
+    fn durable(id: &str, tenant: &str, state: DurableState) -> DurableCall {
+        DurableCall {
             id: id.into(),
             caller: toolhost_spec::call::Caller::tenant(tenant),
             tool: "t".into(),
@@ -1712,20 +1750,68 @@ mod tests {
             retries_left: 0,
             attempts: 0,
             created_at_ms: 1,
-            state: DurableState::Queued,
-        };
-        for (id, tenant) in [("a1", "acme"), ("a2", "acme"), ("g1", "globex")] {
-            store.durable_put(&call(id, tenant)).unwrap();
+            state,
         }
-        // An older version kept nothing beside the id.
-        (store.write(Commit::Durable, |tx| {
-            tx.open_table(DURABLE_UNENDED)?
-                .insert(&b"a2"[..], &[][..])?;
-            Ok(())
-        }))
-        .unwrap();
+    }
+
+    #[test]
+    fn a_pending_call_reads_back_as_kept() {
+        let running = DurableState::Running {
+            node: "n".into(),
+            lease_until_ms: 7,
+        };
+        let state = Pending::of(&durable("a", "acme", running)).unwrap();
+        assert_eq!(Pending::from_bytes(&state.to_bytes()), Some(state));
+        let queued = Pending::of(&durable("b", "acme", DurableState::Queued)).unwrap();
+        assert!(!queued.running());
+        let lost = DurableState::Lost {
+            node: "n".into(),
+            ended_at_ms: 2,
+        };
+        assert_eq!(Pending::of(&durable("c", "acme", lost)), None);
+        assert_eq!(Pending::from_bytes(&[0; 15]), None);
+    }
+
+    #[test]
+    fn calls_not_ended_are_listed_once_for_a_store_written_before_they_were_kept() {
+        let done = DurableState::Done {
+            outcome: serde_json::json!(null),
+            ended_at_ms: 2,
+        };
+        let (_dir, store) = reopened_without(DURABLE_PENDING, |store| {
+            store
+                .durable_put(&durable("a1", "acme", DurableState::Queued))
+                .unwrap();
+            store.durable_put(&durable("a2", "acme", done)).unwrap();
+            store
+                .durable_put(&durable("g1", "globex", DurableState::Queued))
+                .unwrap();
+            // What the older version kept instead.
+            (store.write(Commit::Durable, |tx| {
+                tx.open_table(DURABLE_UNENDED)?
+                    .insert(&b"a1"[..], &b"acme"[..])?;
+                Ok(())
+            }))
+            .unwrap();
+        });
         let counts = ["acme", "globex", "initech"].map(|t| store.durable_unfinished(t).unwrap());
-        assert_eq!(counts, [2, 1, 0]);
+        assert_eq!(counts, [1, 1, 0]);
+        let tx = store.db.begin_read().unwrap();
+        let tables: Vec<String> = tx
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .collect();
+        assert!(
+            !tables.contains(&"durable_unended".to_owned()),
+            "{tables:?}"
+        );
+        let mut claimed = Vec::new();
+        while let Some(call) = store.durable_claim("n", 10, 20).unwrap() {
+            claimed.push(call.id);
+        }
+        claimed.sort();
+        assert_eq!(claimed, ["a1", "g1"]);
     }
 
     #[test]
