@@ -308,7 +308,8 @@ mod tests {
         assert!(one.kv_delete("b").await.unwrap());
         two.kv_set("c", &value).await.unwrap();
         let held = store.data_bytes("acme").await.unwrap();
-        assert_eq!(held, 2 * (MAX_KV_VALUE_BYTES as u64 + 1 + 3 + 4 + 2));
+        let entry = MAX_KV_VALUE_BYTES + 1 + 3 + 4 + 2 + toolhost_store::ENTRY_OVERHEAD_BYTES;
+        assert_eq!(held, 2 * entry as u64);
     }
 
     #[tokio::test]

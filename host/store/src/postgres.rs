@@ -49,6 +49,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "tool revisions",
         include_str!("../migrations/0003_tool_revisions.sql"),
     ),
+    (
+        4,
+        "entry overhead",
+        include_str!("../migrations/0004_entry_overhead.sql"),
+    ),
 ];
 
 /// The migrations as sqlx's migrator takes them: compiled in, so a node needs no files.

@@ -15,7 +15,7 @@
 //! | `keys`      | sha256 of the API key (hex)    | [`KeyRecord`] JSON                        |
 //! | `held_calls`| call id                        | [`HeldCall`] JSON                         |
 //! | `search_vectors` | model fingerprint and text digest | the vector's bytes               |
-//! | `usage`     | `tenant`                       | bytes of its KV and cache entries (u64 BE) |
+//! | `data_usage` | `tenant`                      | bytes of its KV and cache entries, each with [`crate::ENTRY_OVERHEAD_BYTES`] (u64 BE) |
 //! | `durable_calls` | call id                    | [`DurableCall`] JSON                      |
 //! | `durable_pending` | call id of each call not ended | created-at, lease-until (0: queued; u64 BE ms each), tenant |
 //!
@@ -77,7 +77,10 @@ const DURABLE_UNENDED: Table = TableDefinition::new("durable_unended");
 /// store does, instead of letting them pile up until the next purge.
 const DURABLE_ENDED: Table = TableDefinition::new("durable_ended");
 /// Bytes of each tenant's data (KV and cache entries, keys included), kept with every write.
-const USAGE: Table = TableDefinition::new("usage");
+const USAGE: Table = TableDefinition::new("data_usage");
+/// What an older version counted in place of [`USAGE`], without
+/// [`crate::ENTRY_OVERHEAD_BYTES`]: removed when that is counted.
+const USAGE_WITHOUT_OVERHEAD: Table = TableDefinition::new("usage");
 const TABLES: [Table; 17] = [
     DURABLE_CALLS,
     DURABLE_PENDING,
@@ -236,6 +239,7 @@ impl RedbFile {
             }
             if !counted {
                 recount_usage(tx)?;
+                tx.delete_table(USAGE_WITHOUT_OVERHEAD)?;
             }
             if !listed {
                 list_blob_shas(tx)?;
@@ -406,9 +410,12 @@ fn key_tenant(key: &[u8]) -> String {
     String::from_utf8_lossy(&key[..end]).into_owned()
 }
 
-/// What an entry costs its tenant: key and value, or nothing if there is none.
+/// What an entry costs its tenant: key, value and [`crate::ENTRY_OVERHEAD_BYTES`], or nothing
+/// if there is none.
 fn entry_bytes(key: &[u8], value_len: Option<usize>) -> i64 {
-    value_len.map_or(0, |len| (key.len() + len) as i64)
+    value_len.map_or(0, |len| {
+        (key.len() + len + crate::ENTRY_OVERHEAD_BYTES) as i64
+    })
 }
 
 fn be_u64(bytes: &[u8]) -> u64 {
@@ -655,8 +662,8 @@ fn recount_usage(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::E
     for table in [KV, CACHE] {
         for entry in tx.open_table(table)?.iter()? {
             let (key, value) = entry?;
-            *used.entry(key_tenant(key.value())).or_default() +=
-                (key.value().len() + value.value().len()) as u64;
+            let bytes = entry_bytes(key.value(), Some(value.value().len()));
+            *used.entry(key_tenant(key.value())).or_default() += bytes as u64;
         }
     }
     let mut usage = tx.open_table(USAGE)?;
@@ -1819,9 +1826,17 @@ mod tests {
         let (_dir, store) = reopened_without(USAGE, |store| {
             store.kv_set("t", "tool", "k", b"value", u64::MAX).unwrap();
         });
-        assert_eq!(
-            store.data_bytes("t").unwrap(),
-            ("t\0tool\0k".len() + 5) as u64
+        let bytes = "t\0tool\0k".len() + 5 + crate::ENTRY_OVERHEAD_BYTES;
+        assert_eq!(store.data_bytes("t").unwrap(), bytes as u64);
+        let tx = store.db.begin_read().unwrap();
+        let tables: Vec<String> = tx
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_owned())
+            .collect();
+        assert!(
+            !tables.contains(&"usage".to_owned()),
+            "counted without the overhead: {tables:?}"
         );
     }
 

@@ -9,8 +9,9 @@ use toolhost_spec::call::Caller;
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::ToolSpec;
 use toolhost_store::{
-    Change, ConfigValue, DurableCall, DurableState, HeldCall, KeyRecord, MAX_ENDED_KEPT, PgOptions,
-    PgStore, RedbStore, SecretsKey, SourceKind, Store, StoreError, ToolEntry, now_ms,
+    Change, ConfigValue, DurableCall, DurableState, ENTRY_OVERHEAD_BYTES, HeldCall, KeyRecord,
+    MAX_ENDED_KEPT, PgOptions, PgStore, RedbStore, SecretsKey, SourceKind, Store, StoreError,
+    ToolEntry, now_ms,
 };
 
 /// A fresh, empty database on the test server, and its URL.
@@ -300,7 +301,8 @@ async fn cached_results_stay_within_the_data_quota_dropping_expired_ones_first(
     store: Arc<dyn Store>,
 ) {
     let value = json!("x".repeat(1000));
-    let (quota, later) = (2_100, now_ms() + 60_000);
+    // Room for two results of 1 002 bytes of JSON, each with its key, expiry and overhead.
+    let (quota, later) = (2_300, now_ms() + 60_000);
     store
         .cache_put("t", b"a", 100, &value, quota)
         .await
@@ -371,7 +373,7 @@ async fn data_is_counted_the_same_way(store: Arc<dyn Store>) {
         .kv_set("t", "tool", "k", b"value", u64::MAX)
         .await
         .unwrap();
-    let kv = ("t\0tool\0k".len() + 5) as u64;
+    let kv = ("t\0tool\0k".len() + 5 + ENTRY_OVERHEAD_BYTES) as u64;
     assert_eq!(store.data_bytes("t").await.unwrap(), kv);
     store
         .kv_set("t", "tool", "k", b"v", u64::MAX)
@@ -387,7 +389,7 @@ async fn data_is_counted_the_same_way(store: Arc<dyn Store>) {
         .cache_put("t", b"key", later, &json!(12), u64::MAX)
         .await
         .unwrap();
-    let cached = ("t\0key".len() + 8 + 2) as u64;
+    let cached = ("t\0key".len() + 8 + 2 + ENTRY_OVERHEAD_BYTES) as u64;
     assert_eq!(store.data_bytes("t").await.unwrap(), kv - 4 + cached);
     let refused = store
         .kv_set("t", "tool", "k2", b"12345", kv - 4 + cached + 5)
@@ -418,7 +420,8 @@ async fn the_data_quota_holds_under_concurrent_writers(store: Arc<dyn Store>) {
     }
     let used = store.data_bytes("t").await.unwrap();
     assert!(used <= quota, "{used} bytes against a quota of {quota}");
-    assert_eq!(used, stored * ("t\0tool\0key00".len() as u64 + 100));
+    let entry = "t\0tool\0key00".len() + 100 + ENTRY_OVERHEAD_BYTES;
+    assert_eq!(used, stored * entry as u64);
     assert_eq!(store.kv_count("t", "tool").await.unwrap() as u64, stored);
 }
 
@@ -741,6 +744,39 @@ async fn a_tenants_entries_are_locked_across_nodes_for_one_change() {
     drop(held);
     let taken = tokio::time::timeout(std::time::Duration::from_secs(5), b.lock_entries("acme"));
     assert!(taken.await.is_ok(), "released when a's lock is dropped");
+}
+
+/// PostgreSQL only: a database counted before entries cost their overhead is counted again
+/// as it migrates, by the rule the store charges by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_counted_without_the_entry_overhead_is_counted_again() {
+    let url = fresh_database().await;
+    let store = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
+    store
+        .kv_set("t", "tool", "k", b"value", u64::MAX)
+        .await
+        .unwrap();
+    let later = now_ms() + 60_000;
+    store
+        .cache_put("t", b"key", later, &json!(12), u64::MAX)
+        .await
+        .unwrap();
+    let counted = store.data_bytes("t").await.unwrap();
+    // As the older version left it: no overhead counted, and migration 4 not applied.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let overhead = 2 * ENTRY_OVERHEAD_BYTES as i64;
+    sqlx::query("UPDATE usage SET bytes = bytes - $1")
+        .bind(overhead)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 4")
+        .execute(&pool)
+        .await
+        .unwrap();
+    drop(store);
+    let store = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
+    assert_eq!(store.data_bytes("t").await.unwrap(), counted);
 }
 
 /// PostgreSQL only: every write of a tenant's entries moves its revision on, whoever makes it
