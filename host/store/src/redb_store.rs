@@ -1629,6 +1629,12 @@ mod tests {
     }
 
     /// The store `write` fills, reopened as a version that did not keep `table` left it.
+    fn table_names(store: &RedbFile) -> Vec<String> {
+        let tx = store.db.begin_read().unwrap();
+        let tables = tx.list_tables().unwrap();
+        tables.map(|t| t.name().to_owned()).collect()
+    }
+
     fn reopened_without(table: Table, write: impl FnOnce(&RedbFile)) -> (TempDir, RedbFile) {
         let dir = tempfile::tempdir().unwrap();
         {
@@ -1739,12 +1745,7 @@ mod tests {
             store.artifact("sha", "fp").unwrap().as_deref(),
             Some(&b"code"[..])
         );
-        let tx = store.db.begin_read().unwrap();
-        let tables: Vec<String> = tx
-            .list_tables()
-            .unwrap()
-            .map(|t| t.name().to_owned())
-            .collect();
+        let tables = table_names(&store);
         assert!(!tables.contains(&"artifacts".to_owned()), "{tables:?}");
     }
 
@@ -1803,12 +1804,7 @@ mod tests {
         });
         let counts = ["acme", "globex", "initech"].map(|t| store.durable_unfinished(t).unwrap());
         assert_eq!(counts, [1, 1, 0]);
-        let tx = store.db.begin_read().unwrap();
-        let tables: Vec<String> = tx
-            .list_tables()
-            .unwrap()
-            .map(|t| t.name().to_owned())
-            .collect();
+        let tables = table_names(&store);
         assert!(
             !tables.contains(&"durable_unended".to_owned()),
             "{tables:?}"
@@ -1825,15 +1821,18 @@ mod tests {
     fn usage_is_counted_once_for_a_store_written_before_it_was_kept() {
         let (_dir, store) = reopened_without(USAGE, |store| {
             store.kv_set("t", "tool", "k", b"value", u64::MAX).unwrap();
+            // What the older version counted instead, without the overhead.
+            (store.write(Commit::Durable, |tx| {
+                let count = 14u64.to_be_bytes();
+                tx.open_table(USAGE_WITHOUT_OVERHEAD)?
+                    .insert(&b"t"[..], &count[..])?;
+                Ok(())
+            }))
+            .unwrap();
         });
         let bytes = "t\0tool\0k".len() + 5 + crate::ENTRY_OVERHEAD_BYTES;
         assert_eq!(store.data_bytes("t").unwrap(), bytes as u64);
-        let tx = store.db.begin_read().unwrap();
-        let tables: Vec<String> = tx
-            .list_tables()
-            .unwrap()
-            .map(|t| t.name().to_owned())
-            .collect();
+        let tables = table_names(&store);
         assert!(
             !tables.contains(&"usage".to_owned()),
             "counted without the overhead: {tables:?}"
