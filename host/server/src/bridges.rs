@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
+use toolhost::sandbox::places::Places;
 use toolhost::schema::{ArgError, ArgsValidator};
 use toolhost::{CallError, CallOutcome, Caller, Host, Store, ToolSpec};
 use toolhost_search::{Index, SentenceEncoder, ToolVectors, VectorCache};
@@ -79,8 +80,12 @@ pub struct Disclosure {
     host: Arc<Host>,
     config: DisclosureConfig,
     /// Each tenant's search index, with the tenant's generation it was built at; at most
-    /// [`INDEXED_TOOLS`] tools in all, the least used giving way.
+    /// [`INDEXED_TOOLS`] tools in all, the least used giving way, and a tenant's only while
+    /// it holds at most [`TENANT_SHARE_OF_INDEXED`] of them.
     indexes: quick_cache::sync::Cache<String, Arc<TenantIndex>, ByTools>,
+    /// Where indexes are built: one build of a tenant's at a time, [`INDEX_BUILDS`] in all,
+    /// so a tenant whose index is not kept, searching again and again, holds one place.
+    builds: Places,
     /// With a search model: its vectors of tool texts, kept in memory and in the store.
     tool_vectors: Option<Arc<ToolVectors>>,
     /// Each bridge's own input schema, compiled once: a bridge checks its arguments as any
@@ -94,16 +99,31 @@ struct TenantIndex {
     index: Index,
 }
 
+impl TenantIndex {
+    /// Its tools, counted against [`INDEXED_TOOLS`].
+    fn weight(&self) -> u64 {
+        self.specs.len() as u64 + 1
+    }
+}
+
 /// Tools in the search indexes kept for all tenants together (a few KiB each: its spec, its
 /// postings and its vector). A tenant whose index gave way builds it again at its next search.
 const INDEXED_TOOLS: u64 = 50_000;
+
+/// The part of [`INDEXED_TOOLS`] one tenant's index may take: a larger one is built for each
+/// search, by that tenant's searches alone, rather than push every other tenant's out.
+const TENANT_SHARE_OF_INDEXED: u64 = 4;
+
+/// Index builds at once in the process (a build with a search model takes a core for
+/// seconds).
+const INDEX_BUILDS: usize = 2;
 
 #[derive(Clone)]
 struct ByTools;
 
 impl quick_cache::Weighter<String, Arc<TenantIndex>> for ByTools {
     fn weight(&self, _tenant: &String, index: &Arc<TenantIndex>) -> u64 {
-        index.specs.len() as u64 + 1
+        index.weight()
     }
 }
 
@@ -135,6 +155,11 @@ impl Disclosure {
     /// Disclosure of `host`'s catalogs under `config`; with a search model, its stored
     /// vectors are collected every hour.
     pub fn new(host: Arc<Host>, config: DisclosureConfig) -> Self {
+        Self::with_index_room(host, config, INDEXED_TOOLS)
+    }
+
+    /// As [`Disclosure::new`], with room for `indexed_tools` in the search indexes.
+    fn with_index_room(host: Arc<Host>, config: DisclosureConfig, indexed_tools: u64) -> Self {
         let tool_vectors = config.search_model.clone().map(|encoder| {
             let store = host.store().clone();
             let cache: Arc<dyn VectorCache> = Arc::new(StoreVectors(store, Handle::current()));
@@ -166,7 +191,19 @@ impl Disclosure {
         Disclosure {
             host,
             config,
-            indexes: quick_cache::sync::Cache::with_weighter(256, INDEXED_TOOLS, ByTools),
+            indexes: quick_cache::sync::Cache::with_options(
+                // One shard: each shard holds its share of the room, and a tenant's share must fit.
+                (quick_cache::OptionsBuilder::new())
+                    .estimated_items_capacity(256)
+                    .weight_capacity(indexed_tools)
+                    .shards(1)
+                    .build()
+                    .expect("capacities are set"),
+                ByTools,
+                Default::default(),
+                Default::default(),
+            ),
+            builds: Places::new(INDEX_BUILDS, 1),
             tool_vectors,
             bridge_args,
         }
@@ -183,17 +220,28 @@ impl Disclosure {
 
     /// The tenant's index, rebuilt only when its tools (or the natives) changed since.
     async fn index(&self, tenant: &str) -> Arc<TenantIndex> {
+        let current = |generation| {
+            (self.indexes.get(tenant)).filter(|cached| cached.generation == generation)
+        };
+        if let Some(cached) = current(self.host.generation(tenant)) {
+            return cached;
+        }
+        let place = self.builds.take(tenant).await;
+        // Another search of the tenant's may have built it while this one waited.
         let generation = self.host.generation(tenant);
-        if let Some(cached) = (self.indexes.get(tenant)).filter(|c| c.generation == generation) {
+        if let Some(cached) = current(generation) {
             return cached;
         }
         // Built outside the cache and off the async workers: with a contextual encoder a build
         // takes seconds, and other tenants' searches and calls must not wait for it.
         let specs: Vec<ToolSpec> = self.host.list(tenant).into_iter().map(|t| t.spec).collect();
         let (vectors, listed) = (self.tool_vectors.clone(), specs.clone());
-        let index = tokio::task::spawn_blocking(move || match &vectors {
-            Some(vectors) => Index::build_contextual(&listed, vectors),
-            None => Index::build(&listed),
+        let index = tokio::task::spawn_blocking(move || {
+            let _place = place;
+            match &vectors {
+                Some(vectors) => Index::build_contextual(&listed, vectors),
+                None => Index::build(&listed),
+            }
         })
         .await
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()));
@@ -202,7 +250,11 @@ impl Disclosure {
             specs,
             index,
         });
-        self.indexes.insert(tenant.to_owned(), built.clone());
+        let room = self.indexes.capacity();
+        match built.weight() <= room / TENANT_SHARE_OF_INDEXED {
+            true => self.indexes.insert(tenant.to_owned(), built.clone()),
+            false => drop(self.indexes.remove(tenant)),
+        }
         built
     }
 
@@ -290,11 +342,10 @@ impl Disclosure {
                 let wanted = args["name"]
                     .as_str()
                     .ok_or_else(|| bad("name must be a string"))?;
-                let info = self
-                    .host
-                    .list(&caller.tenant)
-                    .into_iter()
-                    .find(|t| t.spec.name == wanted);
+                // One spec copied, not the tenant's every one; a private tool stays unseen.
+                let info = (self.host.is_visible(&caller.tenant, wanted))
+                    .then(|| self.host.describe(&caller.tenant, wanted))
+                    .flatten();
                 let spec = info
                     .ok_or_else(|| CallError::NotFound {
                         name: wanted.to_owned(),
@@ -312,12 +363,7 @@ impl Disclosure {
                     return Err(bad("tool_call calls tools, not the bridges"));
                 }
                 // Only what this tenant's agent may see: private tools stay the host's.
-                if self
-                    .host
-                    .list(&caller.tenant)
-                    .iter()
-                    .all(|t| t.spec.name != target)
-                {
+                if !self.host.is_visible(&caller.tenant, target) {
                     return Err(CallError::NotFound {
                         name: target.to_owned(),
                     });
@@ -442,5 +488,21 @@ mod tests {
         let rebuilt = disclosure.index("acme").await;
         assert!(!Arc::ptr_eq(&built, &rebuilt));
         assert_eq!(rebuilt.specs.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_tenants_index_past_its_share_of_the_room_is_not_kept_and_pushes_out_no_other() {
+        let host = host_where_acme_has_a_tool().await;
+        // Room for 16 tools: a tenant's index is kept while it weighs at most 4.
+        let disclosure = Disclosure::with_index_room(host.clone(), Default::default(), 16);
+        let acme = disclosure.index("acme").await;
+        assert!(acme.weight() <= 4, "{}", acme.weight());
+        for name in ["a", "b", "c", "d"] {
+            host.install_http("globex", http_tool(name)).await.unwrap();
+        }
+        let globex = disclosure.index("globex").await;
+        assert!(globex.weight() > 4);
+        assert!(!Arc::ptr_eq(&globex, &disclosure.index("globex").await));
+        assert!(Arc::ptr_eq(&acme, &disclosure.index("acme").await));
     }
 }
