@@ -25,6 +25,12 @@ const MAX_REPORT_VISITS: u64 = 100_000;
 /// the pattern's size (`a[ab]{1000}c` takes 6 µs a byte here), so 4 KiB is a few ms at worst.
 pub const MAX_INLINE_MATCH_BYTES: u64 = 4 * 1024;
 
+/// The parts of a value (values and property names) times the subschemas and `enum` items
+/// each may meet, past which a check is not run inline on an async worker: a schema within
+/// every install bound (10 000 subschemas, or an `enum` of thousands) met by a megabyte of
+/// small values is billions of steps. 100 000 is a few ms at worst.
+pub const MAX_INLINE_STEPS: u64 = 100_000;
+
 /// A compiled parameter schema.
 pub struct ArgsValidator {
     validator: jsonschema::Validator,
@@ -127,17 +133,20 @@ pub fn compile(parameters: &Value, strict: bool) -> Result<ArgsValidator, String
 }
 
 impl ArgsValidator {
-    /// Whether checking `value` costs little enough to run where the call is: it meets no
-    /// pattern, or its strings and property names, times the patterns one value may meet,
-    /// stay within [`MAX_INLINE_MATCH_BYTES`], and no two recursions meet at one value (a
-    /// failing report would match again at each level). Otherwise the caller runs
-    /// [`Self::validate`] where it can stop waiting for it.
+    /// Whether checking `value` costs little enough to run where the call is: its parts,
+    /// times the subschemas and `enum` items one part may meet, stay within
+    /// [`MAX_INLINE_STEPS`]; and it meets no pattern, or its strings and property names,
+    /// times the patterns one value may meet, stay within [`MAX_INLINE_MATCH_BYTES`], and no
+    /// two recursions meet at one value (a failing report would match again at each level).
+    /// Otherwise the caller runs [`Self::validate`] where it can stop waiting for it.
     pub fn checks_inline(&self, value: &Value) -> bool {
-        self.cost.patterns == 0
-            || self.cost.recursions < 2 && {
-                let budget = MAX_INLINE_MATCH_BYTES / self.cost.patterns;
-                string_bytes_within(value, budget).is_some()
-            }
+        let per_part = (self.cost.visits.saturating_add(self.cost.comparisons)).max(1);
+        parts_within(value, MAX_INLINE_STEPS / per_part).is_some()
+            && (self.cost.patterns == 0
+                || self.cost.recursions < 2 && {
+                    let budget = MAX_INLINE_MATCH_BYTES / self.cost.patterns;
+                    string_bytes_within(value, budget).is_some()
+                })
     }
 
     /// Every failing place in `args`, up to a bound.
@@ -186,6 +195,22 @@ fn string_bytes_within(value: &Value, budget: u64) -> Option<u64> {
             left.checked_sub(string_bytes_within(item, left)?)
         })?,
         _ => budget,
+    };
+    Some(budget - left)
+}
+
+/// The values and property names in `value`, if at most `budget`.
+fn parts_within(value: &Value, budget: u64) -> Option<u64> {
+    let left = budget.checked_sub(1)?;
+    let left = match value {
+        Value::Array(items) => items.iter().try_fold(left, |left, item| {
+            left.checked_sub(parts_within(item, left)?)
+        })?,
+        Value::Object(map) => map.iter().try_fold(left, |left, (_, item)| {
+            let left = left.checked_sub(1)?;
+            left.checked_sub(parts_within(item, left)?)
+        })?,
+        _ => left,
     };
     Some(budget - left)
 }
@@ -387,6 +412,27 @@ mod tests {
             "$defs": {"n": {"anyOf": [branch, branch, {"type": "string", "pattern": "^x$"}]}}});
         let recursive = compile(&recursive, false).unwrap();
         assert!(!recursive.checks_inline(&json!({"a": [["x"]]})));
+    }
+
+    #[test]
+    fn many_values_against_a_large_enum_or_many_subschemas_are_not_checked_inline() {
+        let numbers: Vec<u32> = (0..5_000).collect();
+        let schema = json!({"type": "object", "properties": {
+            "a": {"type": "array", "items": {"enum": numbers}}}});
+        let enumerated = compile(&schema, false).unwrap();
+        let floats = |n: usize| json!({"a": vec![0.5; n]});
+        assert!(enumerated.checks_inline(&floats(10)));
+        // 5 000 comparisons each: a thousand values are millions of steps.
+        assert!(!enumerated.checks_inline(&floats(1_000)));
+        let branches = vec![json!(false); 4_000];
+        let schema = json!({"type": "object", "properties": {
+            "a": {"type": "array", "items": {"anyOf": branches}}}});
+        let branching = compile(&schema, false).unwrap();
+        assert!(branching.checks_inline(&floats(5)));
+        assert!(!branching.checks_inline(&floats(1_000)));
+        // A plain schema takes a large value where the call is.
+        let plain = compile(&json!({"type": "object"}), false).unwrap();
+        assert!(plain.checks_inline(&floats(10_000)));
     }
 
     #[test]

@@ -31,6 +31,11 @@ pub struct Cost {
     /// and then a failing value's error report visits that many times more subschemas at
     /// each level of the arguments: see [`Cost::report_visits`].
     pub recursions: u64,
+    /// Items of `enum`s (and `const`s) one value may be compared with, counted as `visits`
+    /// is. Each is a comparison, not a subschema (a number checked against an `enum` of
+    /// 10 000 is compared with each), so they bound where a check runs, not which schemas
+    /// are taken.
+    pub comparisons: u64,
 }
 
 impl Cost {
@@ -58,11 +63,16 @@ pub fn check(root: &Value) -> Result<Cost, String> {
         descents: 0,
         recursions: 0,
     };
-    let Tally { visits, patterns } = walk.schema(root)?;
+    let Tally {
+        visits,
+        patterns,
+        comparisons,
+    } = walk.schema(root)?;
     Ok(Cost {
         visits,
         patterns,
         recursions: walk.recursions,
+        comparisons,
     })
 }
 
@@ -148,11 +158,12 @@ fn local_pointer(reference: &str) -> Result<&str, String> {
     }
 }
 
-/// Subschemas visited and patterns matched, as [`Cost`] counts them.
+/// Subschemas visited, patterns matched and items compared, as [`Cost`] counts them.
 #[derive(Debug, Clone, Copy, Default)]
 struct Tally {
     visits: u64,
     patterns: u64,
+    comparisons: u64,
 }
 
 impl Tally {
@@ -160,6 +171,7 @@ impl Tally {
         Tally {
             visits: self.visits.saturating_add(other.visits),
             patterns: self.patterns.saturating_add(other.patterns),
+            comparisons: self.comparisons.saturating_add(other.comparisons),
         }
     }
 
@@ -167,6 +179,7 @@ impl Tally {
         Tally {
             visits: self.visits.saturating_mul(n),
             patterns: self.patterns.saturating_mul(n),
+            comparisons: self.comparisons.saturating_mul(n),
         }
     }
 }
@@ -175,6 +188,7 @@ impl Tally {
 const LEAF: Tally = Tally {
     visits: 1,
     patterns: 0,
+    comparisons: 0,
 };
 
 struct Walk<'a> {
@@ -217,13 +231,21 @@ impl Walk<'_> {
                     let cost = self.named(sub);
                     self.descents -= 1;
                     cost?.plus(Tally {
-                        visits: 0,
                         patterns: names,
+                        ..Tally::default()
                     })
                 }
                 "pattern" => Tally {
-                    visits: 0,
                     patterns: 1,
+                    ..Tally::default()
+                },
+                "enum" => Tally {
+                    comparisons: sub.as_array().map_or(1, |items| items.len() as u64),
+                    ..Tally::default()
+                },
+                "const" => Tally {
+                    comparisons: 1,
+                    ..Tally::default()
                 },
                 "prefixItems"
                 | "items"
