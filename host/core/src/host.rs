@@ -188,6 +188,7 @@ impl Host {
         tenant: &str,
         def: HttpToolDef,
     ) -> Result<ToolSpec, InstallError> {
+        let _admitted = self.pipeline.admit_install(tenant).await?;
         let quota = self.policy(tenant).await.code_quota();
         self.catalog.install_http(tenant, def, quota).await
     }

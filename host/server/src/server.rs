@@ -29,9 +29,10 @@ use toolhost::export::Format;
 use toolhost::history::{CallFilter, HISTORY_MINUTES};
 use toolhost::http_tool::HttpToolDef;
 use toolhost::sandbox::LoadError;
+use toolhost::sandbox::places::Places;
 use toolhost::{
-    Access, ApprovalError, CallError, Caller, Host, InstallError, KeyRecord, ManageError,
-    StoreError,
+    Access, ApprovalError, CallError, Caller, Host, InstallError, KeyRecord, MAX_JS_SOURCE_BYTES,
+    ManageError, StoreError,
 };
 
 use crate::batch;
@@ -57,6 +58,8 @@ struct App {
     stdio_command: Arc<[String]>,
     /// Cancelled when the server starts to stop: `/healthz` answers 503 from then on.
     draining: CancellationToken,
+    /// Where uploads are read and installed ([`MAX_UPLOADS`]).
+    uploads: Arc<Places>,
 }
 
 /// What `/mcp` serves each tenant with: rmcp's Streamable HTTP service over that tenant's
@@ -158,6 +161,7 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
         mcp: Arc::new(mcp),
         stdio_command: options.stdio_command.into(),
         draining: stopping.draining,
+        uploads: Arc::new(Places::new(MAX_UPLOADS, MAX_UPLOADS_PER_TENANT)),
     };
     Router::new()
         .route("/mcp", any(mcp_request))
@@ -748,81 +752,128 @@ async fn describe(
     Ok(Json(json!(info)))
 }
 
+/// Uploads read, and then installed, at once in the server, and for one tenant: each holds
+/// up to the largest component in memory (64 MiB by default) before the install is admitted.
+const MAX_UPLOADS: usize = 8;
+const MAX_UPLOADS_PER_TENANT: usize = 2;
+/// How long an upload waits for a place.
+const UPLOAD_WAIT: Duration = Duration::from_secs(10);
+/// How long an upload's body may take to arrive once it has a place (a slow sender holds the
+/// place, and what it sent so far, no longer).
+const UPLOAD_READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What `POST /v1/tools` carries, by its content type.
+enum Upload {
+    Js(String),
+    Http(HttpToolDef),
+    Component(Vec<u8>),
+}
+
 /// `application/wasm` (or any non-multipart type): the body is the component. Multipart: the
-/// field named `component`.
+/// field named `component`. `application/javascript`: a JS tool's source. `application/json`:
+/// an HTTP tool's definition. Read in one of the tenant's upload places, each type within its
+/// own limit.
 async fn install(State(app): State<App>, key: Key, request: Request) -> Result<Response, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
+    let _place = tokio::time::timeout(UPLOAD_WAIT, app.uploads.take(&tenant))
+        .await
+        .map_err(|_| {
+            let message = format!(
+                "no upload place came free within {} s: a tenant's uploads are read and installed \
+                 {MAX_UPLOADS_PER_TENANT} at a time, {MAX_UPLOADS} in the server; retry when one ends",
+                UPLOAD_WAIT.as_secs()
+            );
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message)
+        })?;
+    let upload = tokio::time::timeout(UPLOAD_READ_TIMEOUT, read_upload(&app, request))
+        .await
+        .map_err(|_| {
+            let message = format!(
+                "the upload did not arrive within {} s",
+                UPLOAD_READ_TIMEOUT.as_secs()
+            );
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, "upload_timeout", message)
+        })??;
+    let installed = match upload {
+        Upload::Js(source) => vec![app.host.install_js(&tenant, &source).await?],
+        Upload::Http(def) => vec![app.host.install_http(&tenant, def).await?],
+        Upload::Component(component) => app.host.install(&tenant, component).await?,
+    };
+    Ok((StatusCode::CREATED, Json(json!({"installed": installed}))).into_response())
+}
+
+async fn read_upload(app: &App, request: Request) -> Result<Upload, ApiError> {
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    let multipart = content_type.starts_with("multipart/form-data");
-    if content_type.starts_with("application/javascript")
-        || content_type.starts_with("text/javascript")
-    {
-        let body = Bytes::from_request(request, &app)
-            .await
-            .map_err(|e| match e.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => {
-                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
-                }
-                status => ApiError::new(status, "bad_request", e.body_text()),
-            })?;
-        let source = std::str::from_utf8(&body).map_err(|_| {
+    let is = |prefix: &str| content_type.starts_with(prefix);
+    if is("application/javascript") || is("text/javascript") {
+        let source = upload_body(request.into_body(), MAX_JS_SOURCE_BYTES).await?;
+        let source = String::from_utf8(source.into()).map_err(|_| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
                 "the source is not UTF-8",
             )
         })?;
-        let installed = app.host.install_js(&tenant, source).await?;
-        return Ok((StatusCode::CREATED, Json(json!({"installed": [installed]}))).into_response());
+        return Ok(Upload::Js(source));
     }
-    if content_type.starts_with("application/json") {
-        let body = Bytes::from_request(request, &app).await;
-        let def: HttpToolDef = json_body(body)?;
-        let installed = app.host.install_http(&tenant, def).await?;
-        return Ok((StatusCode::CREATED, Json(json!({"installed": [installed]}))).into_response());
+    if is("application/json") {
+        // A definition is parsed whole, many times its bytes in memory: no larger than any
+        // other request's body.
+        let def = upload_body(request.into_body(), MAX_REQUEST_BYTES).await?;
+        return Ok(Upload::Http(json_body(Ok(def))?));
     }
-    let too_large =
-        |message: String| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message);
-    let component = if multipart {
-        let mut form = Multipart::from_request(request, &app)
-            .await
-            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
-        let mut component = None;
-        while let Some(field) = form
-            .next_field()
-            .await
-            .map_err(|e| ApiError::new(e.status(), "bad_request", e.body_text()))?
-        {
-            if field.name() == Some("component") {
-                let bytes = field.bytes().await.map_err(|e| match e.status() {
-                    StatusCode::PAYLOAD_TOO_LARGE => too_large(e.body_text()),
-                    status => ApiError::new(status, "bad_request", e.body_text()),
-                })?;
-                component = Some(bytes);
-            }
-        }
-        component.ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                "no multipart field named `component`",
-            )
-        })?
-    } else {
-        Bytes::from_request(request, &app)
-            .await
-            .map_err(|e| match e.status() {
+    if !is("multipart/form-data") {
+        let limit = app.host.max_component_bytes();
+        let component = upload_body(request.into_body(), limit).await?;
+        return Ok(Upload::Component(component.into()));
+    }
+    let mut form = Multipart::from_request(request, app)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let mut component = None;
+    while let Some(field) = form
+        .next_field()
+        .await
+        .map_err(|e| ApiError::new(e.status(), "bad_request", e.body_text()))?
+    {
+        if field.name() == Some("component") {
+            let bytes = field.bytes().await.map_err(|e| match e.status() {
                 StatusCode::PAYLOAD_TOO_LARGE => too_large(e.body_text()),
                 status => ApiError::new(status, "bad_request", e.body_text()),
-            })?
-    };
-    let installed = app.host.install(&tenant, component.to_vec()).await?;
-    Ok((StatusCode::CREATED, Json(json!({"installed": installed}))).into_response())
+            })?;
+            component = Some(bytes);
+        }
+    }
+    let component = component.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "no multipart field named `component`",
+        )
+    })?;
+    Ok(Upload::Component(component.into()))
+}
+
+fn too_large(message: String) -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+}
+
+/// An upload's body, if at most `limit` bytes.
+async fn upload_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let error = error.into_inner();
+        match error.downcast_ref::<http_body_util::LengthLimitError>() {
+            Some(_) => too_large(format!(
+                "the upload is larger than {limit} bytes, its limit"
+            )),
+            None => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", error.to_string()),
+        }
+    })
 }
 
 async fn remove(
@@ -1285,4 +1336,115 @@ async fn export(
         .parse()
         .map_err(|e: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e))?;
     Ok(Json(json!({"tools": app.host.export(&tenant, format)})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{host_where_acme_has_a_tool, http_tool};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    /// An upload whose body is sent, or never arrives (`None`); its status and error code.
+    async fn upload(router: &Router, key: &str, body: Option<Value>) -> (StatusCode, String) {
+        let body = match body {
+            Some(def) => Body::from(def.to_string()),
+            None => Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>()),
+        };
+        let request = Request::post("/v1/tools")
+            .header(header::AUTHORIZATION, format!("Bearer {key}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&body).unwrap_or_default();
+        (
+            status,
+            body["error"]["code"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_tenants_uploads_are_read_a_few_at_a_time_and_hold_up_no_other_tenant() {
+        let host = host_where_acme_has_a_tool().await;
+        let mut keys = Vec::new();
+        for tenant in ["acme", "globex"] {
+            host.create_tenant(tenant).await.unwrap();
+            keys.push(
+                host.create_key(tenant, toolhost::Role::Admin)
+                    .await
+                    .unwrap()
+                    .secret,
+            );
+        }
+        let (acme, globex) = (keys[0].clone(), keys[1].clone());
+        let router = router(host, Default::default());
+        let stalled: Vec<_> = (0..MAX_UPLOADS_PER_TENANT)
+            .map(|_| {
+                let (router, acme) = (router.clone(), acme.clone());
+                tokio::spawn(async move { upload(&router, &acme, None).await })
+            })
+            .collect();
+        // Each stalled upload takes its place before this test goes on.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        tokio::time::pause();
+        let def = |name: &str| Some(serde_json::to_value(http_tool(name)).unwrap());
+        let refused = upload(&router, &acme, def("third")).await;
+        assert_eq!(
+            refused,
+            (StatusCode::TOO_MANY_REQUESTS, "rate_limited".into())
+        );
+        tokio::time::resume();
+        let other = upload(&router, &globex, def("forecast")).await;
+        assert_eq!(other.0, StatusCode::CREATED, "{other:?}");
+
+        // A body that never arrives gives its place back when its time is up.
+        tokio::time::pause();
+        for upload in stalled {
+            let timed_out = upload.await.unwrap();
+            assert_eq!(
+                timed_out,
+                (StatusCode::REQUEST_TIMEOUT, "upload_timeout".into())
+            );
+        }
+        tokio::time::resume();
+        assert_eq!(
+            upload(&router, &acme, def("third")).await.0,
+            StatusCode::CREATED
+        );
+    }
+
+    #[tokio::test]
+    async fn each_kind_of_upload_is_read_within_its_own_limit() {
+        let host = host_where_acme_has_a_tool().await;
+        host.create_tenant("acme").await.unwrap();
+        let key = host
+            .create_key("acme", toolhost::Role::Admin)
+            .await
+            .unwrap()
+            .secret;
+        let router = router(host, Default::default());
+        for (content_type, limit) in [
+            ("application/json", MAX_REQUEST_BYTES),
+            ("application/javascript", MAX_JS_SOURCE_BYTES),
+        ] {
+            let request = Request::post("/v1/tools")
+                .header(header::AUTHORIZATION, format!("Bearer {key}"))
+                .header(header::CONTENT_TYPE, content_type)
+                .body(Body::from(vec![b' '; limit + 1]))
+                .unwrap();
+            let response = router.clone().oneshot(request).await.unwrap();
+            assert_eq!(
+                response.status(),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "{content_type}"
+            );
+        }
+    }
 }
