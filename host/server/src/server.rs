@@ -765,7 +765,7 @@ const UPLOAD_READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// What `POST /v1/tools` carries, by its content type.
 enum Upload {
     Js(String),
-    Http(HttpToolDef),
+    Http(Box<HttpToolDef>),
     Component(Vec<u8>),
 }
 
@@ -796,7 +796,7 @@ async fn install(State(app): State<App>, key: Key, request: Request) -> Result<R
         })??;
     let installed = match upload {
         Upload::Js(source) => vec![app.host.install_js(&tenant, &source).await?],
-        Upload::Http(def) => vec![app.host.install_http(&tenant, def).await?],
+        Upload::Http(def) => vec![app.host.install_http(&tenant, *def).await?],
         Upload::Component(component) => app.host.install(&tenant, component).await?,
     };
     Ok((StatusCode::CREATED, Json(json!({"installed": installed}))).into_response())
@@ -825,7 +825,7 @@ async fn read_upload(app: &App, request: Request) -> Result<Upload, ApiError> {
         // A definition is parsed whole, many times its bytes in memory: no larger than any
         // other request's body.
         let def = upload_body(request.into_body(), MAX_REQUEST_BYTES).await?;
-        return Ok(Upload::Http(json_body(Ok(def))?));
+        return Ok(Upload::Http(Box::new(json_body(Ok(def))?)));
     }
     if !is("multipart/form-data") {
         let limit = app.host.max_component_bytes();
