@@ -539,3 +539,46 @@ async fn calls_past_the_memory_budget_wait_for_it() {
     // Each holds its `memory_bytes` (512 MiB) of the budget: two run at a time, in two rounds.
     assert!(started.elapsed() >= Duration::from_millis(800));
 }
+
+/// A tenant's live instances hold at most its part of the memory budget: past it its calls
+/// wait, holding none of the rest, and another tenant's call runs at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_instances_hold_only_its_part_of_the_memory_budget() {
+    let sandbox = toolhost::SandboxConfig {
+        memory_budget_bytes: 2 << 30,
+        memory_budget_per_tenant_bytes: 1 << 30,
+        ..Default::default()
+    };
+    let config = HostConfig {
+        sandbox,
+        ..crate::plugins::config()
+    };
+    let host = Arc::new(Host::open(config).await.unwrap());
+    for tenant in ["acme", "globex"] {
+        (host.install(tenant, crate::plugins::plugin("probe")).await).unwrap();
+    }
+    let hold = |tenant: &'static str, ms: u64| {
+        let host = host.clone();
+        tokio::spawn(async move {
+            let args = json!({"mib": 10, "ms": ms});
+            let out = (host.call(&Caller::tenant(tenant), "hold_memory", args)).await;
+            assert_eq!(out.code(), "ok", "{:?}", out.result);
+            Instant::now()
+        })
+    };
+    // Four of acme's at 512 MiB each: the whole budget, were it not for acme's part.
+    let acme: Vec<_> = (0..4).map(|_| hold("acme", 400)).collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let globex = hold("globex", 1).await.unwrap();
+    let mut ends = Vec::new();
+    for call in acme {
+        ends.push(call.await.unwrap());
+    }
+    assert!(
+        globex < *ends.iter().min().unwrap(),
+        "globex waited for acme"
+    );
+    ends.sort();
+    // Two of acme's at a time, in two rounds.
+    assert!(ends[3] - ends[0] >= Duration::from_millis(300), "{ends:?}");
+}

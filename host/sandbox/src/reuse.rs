@@ -194,7 +194,7 @@ impl Sandbox {
                 kept
             }
             None => {
-                let admitted = match self.admit(limits, deadline).await {
+                let admitted = match self.admit(tenant, limits, deadline).await {
                     Ok(admitted) => admitted,
                     Err(fault) => {
                         return Run {

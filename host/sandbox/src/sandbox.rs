@@ -94,6 +94,11 @@ pub struct SandboxConfig {
     /// The memory limits of all live instances together, in bytes: a call whose
     /// `memory_bytes` does not fit waits (within its timeout) instead of the host running out.
     pub memory_budget_bytes: u64,
+    /// The part of `memory_budget_bytes` one tenant's live instances may hold together. Its
+    /// calls nest (a caller's instance lives while its callees run), so its share of the
+    /// host's call trees (`HostConfig::tenant_share`) does not bound it: eight trees five
+    /// deep at the 512 MiB cap would hold 20 GiB.
+    pub memory_budget_per_tenant_bytes: u64,
     /// How often the epoch advances: the granularity of timeouts and of guest yields.
     pub epoch_tick: Duration,
     /// Largest component accepted, in bytes.
@@ -109,6 +114,8 @@ impl Default for SandboxConfig {
             max_instances: 64,
             // A third of this kind of machine (24 GiB): 16 calls at the 512 MiB cap.
             memory_budget_bytes: 8 << 30,
+            // A quarter: four tenants at the most cannot take it all.
+            memory_budget_per_tenant_bytes: 2 << 30,
             epoch_tick: Duration::from_millis(5),
             max_component_bytes: 64 << 20,
             cpu_turns: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -306,6 +313,8 @@ pub struct Sandbox {
     slots: Arc<Semaphore>,
     /// The memory budget in MiB: each instance holds its `memory_bytes`, rounded up.
     memory_mib: Arc<Semaphore>,
+    /// Each tenant's part of `memory_mib` (`memory_budget_per_tenant_bytes`), by tenant.
+    tenants_memory_mib: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
     config: SandboxConfig,
     fingerprint: String,
     pub(crate) turns: Arc<Turns>,
@@ -350,6 +359,7 @@ impl Sandbox {
             turns,
             slots: Arc::new(Semaphore::new(config.max_instances as usize)),
             memory_mib: Arc::new(Semaphore::new(mib(config.memory_budget_bytes) as usize)),
+            tenants_memory_mib: Default::default(),
             engine,
             linker,
             config,
@@ -541,38 +551,55 @@ impl Sandbox {
         }
     }
 
-    /// An instance slot and the call's memory from the budget, waited for until `deadline`.
-    /// Instances kept idle for reuse give theirs back first when either runs short.
+    /// An instance slot, and the call's memory from `tenant`'s part of the budget and from
+    /// the whole, waited for until `deadline`. Instances kept idle for reuse give theirs back
+    /// first when any runs short.
     pub(crate) async fn admit(
         &self,
+        tenant: &str,
         limits: &Limits,
         deadline: Instant,
     ) -> Result<Admitted, Fault> {
+        let (own_part, own_memory) = self.memory_part(tenant);
         let memory = mib(limits.memory_bytes).min(mib(self.config.memory_budget_bytes));
+        let own = memory.min(own_memory);
         if self.slots.available_permits() == 0
             || self.memory_mib.available_permits() < memory as usize
+            || own_part.available_permits() < own as usize
         {
             self.idle.clear();
         }
         // While any call waits, no instance is kept: its slot and memory go to the waiter.
         let _waiting = self.idle.waiting();
         let admitted = tokio::time::timeout_at(deadline.into(), async {
-            let slot = self.slots.clone().acquire_owned().await;
-            let memory = self
-                .memory_mib
-                .clone()
+            // The tenant's part first: a tenant at its part waits holding nothing that other
+            // tenants' calls need.
+            let own = own_part.acquire_many_owned(own as u32).await?;
+            let slot = self.slots.clone().acquire_owned().await?;
+            let memory = (self.memory_mib.clone())
                 .acquire_many_owned(memory as u32)
-                .await;
-            (slot, memory)
+                .await?;
+            Ok::<_, tokio::sync::AcquireError>(Admitted {
+                _slot: slot,
+                _memory: memory,
+                _own_memory: own,
+            })
         });
         match admitted.await {
             Err(_elapsed) => Err(Fault::Timeout),
             // Closed only if the sandbox is dropped, which cannot happen while `&self` lives.
-            Ok((Err(_), _) | (_, Err(_))) => {
-                Err(Fault::Host("the sandbox is shutting down".into()))
-            }
-            Ok((Ok(slot), Ok(memory))) => Ok((slot, memory)),
+            Ok(Err(_)) => Err(Fault::Host("the sandbox is shutting down".into())),
+            Ok(Ok(admitted)) => Ok(admitted),
         }
+    }
+
+    /// `tenant`'s part of the memory budget, made at its first call, and its size in MiB.
+    fn memory_part(&self, tenant: &str) -> (Arc<Semaphore>, u64) {
+        let part = mib(self.config.memory_budget_per_tenant_bytes.max(1));
+        let mut tenants = (self.tenants_memory_mib.lock()).unwrap_or_else(|p| p.into_inner());
+        let own = tenants.entry(tenant.to_owned());
+        let own = own.or_insert_with(|| Arc::new(Semaphore::new(part as usize)));
+        (own.clone(), part)
     }
 
     /// Instantiates, runs `entry` under `limits`, and drops the instance.
@@ -590,7 +617,7 @@ impl Sandbox {
     ) -> Run<T> {
         // Waiting for a slot and for memory counts against the call's time.
         let deadline = Instant::now() + limits.timeout();
-        let (slot, memory) = match self.admit(limits, deadline).await {
+        let admitted = match self.admit(tenant, limits, deadline).await {
             Ok(admitted) => admitted,
             Err(fault) => {
                 return Run {
@@ -611,7 +638,7 @@ impl Sandbox {
             }
         };
         let run = execute(&mut store, limits, deadline, entry).await;
-        release(store, (slot, memory));
+        release(store, admitted);
         run
     }
 }
@@ -655,11 +682,13 @@ pub(crate) fn release(store: Store<CallState>, admitted: Admitted) {
     }
 }
 
-/// An instance slot and the call's share of the memory budget, held while it lives.
-pub(crate) type Admitted = (
-    tokio::sync::OwnedSemaphorePermit,
-    tokio::sync::OwnedSemaphorePermit,
-);
+/// An instance slot and the call's memory from the budget and from its tenant's part of it,
+/// held while the instance lives.
+pub(crate) struct Admitted {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    _memory: tokio::sync::OwnedSemaphorePermit,
+    _own_memory: tokio::sync::OwnedSemaphorePermit,
+}
 
 /// The CPU turns of guests that run while a tenant installs (`list-tools`, a JS module's
 /// spec): one group for all.
