@@ -17,12 +17,16 @@ use toolhost_store::Store;
 
 use crate::catalog::JsSource;
 
-/// Failed snapshots (and tenants' last builds) remembered; past this the memory is cleared.
+/// Failed snapshots (and when tenants may build next) remembered; past this the memory is
+/// cleared.
 const MAX_REMEMBERED: usize = 4096;
-/// A tenant that holds its share starts at most one build (replacing one of its snapshots)
-/// in this time, so one tenant calling more tools than its share in turn cannot keep the
-/// builder busy.
+/// After a build, its tenant starts no other for this long, or for as long as the build
+/// took if longer: one tenant calling many tools in turn (or tools whose top-level code
+/// runs until the build times out) holds the one builder at most half of the time.
 const BUILD_COOLDOWN: Duration = Duration::from_secs(5);
+/// A snapshot that failed in a way that may pass (its build timed out, the host was short
+/// of memory) is not tried again for this long.
+const RETRY_AFTER: Duration = Duration::from_secs(600);
 
 pub(crate) struct JsSnapshots {
     /// Read here, in the caller's task: a build in the background never holds the store, so
@@ -51,8 +55,63 @@ struct Tried {
     building: HashSet<String>,
     /// Snapshots that cannot be made, by [`key`].
     failed: HashSet<String>,
-    /// When each tenant last started a build.
-    last_build: HashMap<String, Instant>,
+    /// Snapshots not to try again before a time, by [`key`] ([`RETRY_AFTER`]).
+    retry_at: HashMap<String, Instant>,
+    /// When each tenant may start its next build ([`BUILD_COOLDOWN`]).
+    next_build: HashMap<String, Instant>,
+}
+
+impl Tried {
+    /// Whether `tenant` may start building snapshot `key` at `now`; if so, it is marked as
+    /// being built.
+    fn start(&mut self, tenant: &str, key: &str, now: Instant) -> bool {
+        let not_before = |at: Option<&Instant>| at.is_some_and(|at| now < *at);
+        if not_before(self.next_build.get(tenant))
+            || not_before(self.retry_at.get(key))
+            || self.failed.contains(key)
+            || self.building.contains(key)
+        {
+            return false;
+        }
+        for times in [&mut self.next_build, &mut self.retry_at] {
+            if times.len() >= MAX_REMEMBERED {
+                times.retain(|_, at| now < *at);
+            }
+            if times.len() >= MAX_REMEMBERED {
+                times.clear();
+            }
+        }
+        self.next_build
+            .insert(tenant.to_owned(), now + BUILD_COOLDOWN);
+        self.building.insert(key.to_owned());
+        true
+    }
+
+    /// After the build of `key` that ran from `started` to `ended`: `failed` is `Some(true)`
+    /// if it failed for good, `Some(false)` if it may pass.
+    fn end(
+        &mut self,
+        tenant: &str,
+        key: &str,
+        (started, ended): (Instant, Instant),
+        failed: Option<bool>,
+    ) {
+        self.building.remove(key);
+        let spacing = (ended - started).max(BUILD_COOLDOWN);
+        self.next_build.insert(tenant.to_owned(), ended + spacing);
+        match failed {
+            None => {}
+            Some(true) => {
+                if self.failed.len() >= MAX_REMEMBERED {
+                    self.failed.clear();
+                }
+                self.failed.insert(key.to_owned());
+            }
+            Some(false) => {
+                self.retry_at.insert(key.to_owned(), ended + RETRY_AFTER);
+            }
+        }
+    }
 }
 
 /// A snapshot's key: its tenant and its JS source blob's sha256.
@@ -96,9 +155,9 @@ impl JsSnapshots {
     }
 
     /// Starts building the snapshot of `tenant`'s `js` (blob `sha`), under the tool's
-    /// `limits`, unless it exists, is being built, failed for good, would replace one of the
-    /// tenant's within [`BUILD_COOLDOWN`] of its last build, or another build is running (a
-    /// later call asks again).
+    /// `limits`, unless it exists, is being built, failed (for good, or within
+    /// [`RETRY_AFTER`]), the tenant's last build ended within [`BUILD_COOLDOWN`] (or its own
+    /// length), or another build is running (a later call asks again).
     pub async fn request(&self, tenant: &str, sha: &str, js: Arc<JsSource>, limits: Limits) {
         let shared = &self.shared;
         let key = key(tenant, sha);
@@ -118,34 +177,23 @@ impl JsSnapshots {
         };
         {
             let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
-            let now = Instant::now();
-            let full = shared
-                .ready
-                .iter()
-                .filter(|(_, (_, owner))| &**owner == tenant)
-                .count()
-                >= shared.per_tenant;
-            let cooling = full
-                && tried
-                    .last_build
-                    .get(tenant)
-                    .is_some_and(|at| now < *at + BUILD_COOLDOWN);
-            if cooling || tried.failed.contains(&key) || tried.building.contains(&key) {
+            if !tried.start(tenant, &key, Instant::now()) {
                 return;
             }
-            if tried.last_build.len() >= MAX_REMEMBERED {
-                tried.last_build.retain(|_, at| now < *at + BUILD_COOLDOWN);
-            }
-            tried.last_build.insert(tenant.to_owned(), now);
-            tried.building.insert(key.clone());
         }
         let shared = shared.clone();
         let tenant: Arc<str> = tenant.into();
         tokio::spawn(async move {
             let _permit = permit;
+            let started = Instant::now();
             let built = shared.build(&js, runtime, &limits).await;
             let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
-            tried.building.remove(&key);
+            let failed = match &built {
+                Ok(_) => None,
+                Err(Failure::ForGood(_)) => Some(true),
+                Err(Failure::ForNow(_)) => Some(false),
+            };
+            tried.end(&tenant, &key, (started, Instant::now()), failed);
             match built {
                 Ok(prepared) => {
                     // At its share, a tenant's new snapshot (say, of a tool's new version)
@@ -163,13 +211,7 @@ impl JsSnapshots {
                 }
                 Err(Failure::ForGood(reason)) => {
                     tracing::info!(%tenant, %reason, "JS tool not pre-initialised; it runs on the shared runtime");
-                    if tried.failed.len() >= MAX_REMEMBERED {
-                        tried.failed.clear();
-                    }
-                    tried.failed.insert(key);
                 }
-                // A timeout or a host fault under load may not happen again: a later call
-                // asks again.
                 Err(Failure::ForNow(reason)) => {
                     tracing::debug!(%tenant, %reason, "JS tool not pre-initialised yet");
                 }
@@ -264,5 +306,43 @@ impl Shared {
             .map_err(|e: LoadError| e.to_string())?;
         // SAFETY: compiled just now by this sandbox.
         unsafe { self.sandbox.load(&artifact) }.map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_holds_the_builder_at_most_half_the_time_and_a_timed_out_build_waits() {
+        let mut tried = Tried::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert!(tried.start("acme", "acme/a", at(0)));
+        assert!(
+            !tried.start("acme", "acme/b", at(1)),
+            "one build of a tenant's at a time"
+        );
+        // The build ran until its timeout, 60 s: acme waits as long before its next.
+        tried.end("acme", "acme/a", (at(0), at(60)), Some(false));
+        assert!(!tried.start("acme", "acme/b", at(100)));
+        assert!(
+            tried.start("globex", "globex/a", at(100)),
+            "another tenant builds"
+        );
+        tried.end("globex", "globex/a", (at(100), at(101)), None);
+        assert!(tried.start("acme", "acme/b", at(120)));
+        tried.end("acme", "acme/b", (at(120), at(121)), None);
+        // The timed-out one is not tried again until RETRY_AFTER has passed.
+        assert!(!tried.start("acme", "acme/a", at(200)));
+        assert!(tried.start("acme", "acme/a", at(60 + RETRY_AFTER.as_secs())));
+        // A quick build still spaces its tenant's next by BUILD_COOLDOWN.
+        tried.end("acme", "acme/a", (at(700), at(701)), Some(true));
+        assert!(!tried.start("acme", "acme/c", at(702)));
+        assert!(tried.start("acme", "acme/c", at(701 + BUILD_COOLDOWN.as_secs())));
+        assert!(
+            !tried.start("acme", "acme/a", at(10_000)),
+            "failed for good"
+        );
     }
 }
