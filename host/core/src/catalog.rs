@@ -279,7 +279,7 @@ impl Catalog {
         code_quota: u64,
     ) -> Result<Vec<ToolSpec>, InstallError> {
         check_tenant(tenant)?;
-        let component = self.components.compile(component).await?;
+        let component = self.components.compile(tenant, component).await?;
         let defs = self
             .components
             .sandbox()

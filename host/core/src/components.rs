@@ -262,8 +262,12 @@ impl Components {
         self.loaded.weight()
     }
 
-    /// Compiles (or finds the stored artifact of) an uploaded component and links it.
-    pub async fn compile(&self, bytes: Vec<u8>) -> Result<NewComponent, InstallError> {
+    /// Compiles (or finds the stored artifact of) a component `tenant` uploaded and links it.
+    pub async fn compile(
+        &self,
+        tenant: &str,
+        bytes: Vec<u8>,
+    ) -> Result<NewComponent, InstallError> {
         let sha = sha256_hex(&bytes);
         if let Some(prepared) = self.load_stored(&sha).await? {
             return Ok(NewComponent {
@@ -273,7 +277,7 @@ impl Components {
                 sealed: None,
             });
         }
-        let (bytes, artifact) = self.compile_blob(&sha, bytes).await?;
+        let (bytes, artifact) = self.compile_blob(tenant, &sha, bytes).await?;
         let sealed = self.seal.seal(&self.name(&sha), &artifact);
         // SAFETY: compiled here just now.
         let prepared = unsafe { self.sandbox.load(&artifact) }?;
@@ -310,7 +314,8 @@ impl Components {
             return Ok(loaded.prepared);
         }
         let load = async {
-            let prepared = self.load(sha).await?;
+            // The JS runtime is the host's own: compiled in its place.
+            let prepared = self.load(tenant.unwrap_or_default(), sha).await?;
             Ok::<_, String>(match tenant {
                 Some(tenant) => self.charge(tenant, sha, prepared),
                 None => self.number(prepared),
@@ -370,7 +375,7 @@ impl Components {
         Ok(loaded.transpose()?)
     }
 
-    async fn load(&self, sha: &str) -> Result<Prepared, String> {
+    async fn load(&self, tenant: &str, sha: &str) -> Result<Prepared, String> {
         if let Some(prepared) = self.load_stored(sha).await.map_err(|e| e.to_string())? {
             self.metrics.component_loaded(ComponentSource::Artifact);
             return Ok(prepared);
@@ -381,7 +386,7 @@ impl Components {
             None => self.put_back(sha).await?,
         };
         let (_, artifact) = self
-            .compile_blob(sha, blob)
+            .compile_blob(tenant, sha, blob)
             .await
             .map_err(|e| e.to_string())?;
         let sealed = self.seal.seal(&self.name(sha), &artifact);
@@ -410,9 +415,11 @@ impl Components {
         Ok(blob.clone())
     }
 
-    /// Cranelift, off the async workers, unless the artifact directory has it already.
+    /// Cranelift, in one of `tenant`'s compile places, unless the artifact directory has it
+    /// already.
     async fn compile_blob(
         &self,
+        tenant: &str,
         sha: &str,
         bytes: Vec<u8>,
     ) -> Result<(Vec<u8>, Vec<u8>), LoadError> {
@@ -424,12 +431,8 @@ impl Components {
         if let Some(opened) = shared.and_then(|sealed| self.seal.open(&self.name(sha), sealed)) {
             return Ok((bytes, opened.into_artifact()));
         }
-        let sandbox = self.sandbox.clone();
-        let (bytes, artifact) = tokio::task::spawn_blocking(move || {
-            sandbox.compile(&bytes).map(|artifact| (bytes, artifact))
-        })
-        .await
-        .expect("compilation does not panic")?;
+        let (bytes, artifact) = self.sandbox.compile_in(tenant, bytes).await;
+        let artifact = artifact?;
         if let Some(dir) = &self.artifact_dir {
             dir.put(
                 sha,

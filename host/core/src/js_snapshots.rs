@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use toolhost_sandbox::snapshot::{self, describe_failure};
-use toolhost_sandbox::{Fault, LoadError, Prepared, Sandbox};
+use toolhost_sandbox::{Fault, Prepared, Sandbox};
 use toolhost_spec::spec::Limits;
 use toolhost_store::Store;
 
@@ -186,7 +186,7 @@ impl JsSnapshots {
         tokio::spawn(async move {
             let _permit = permit;
             let started = Instant::now();
-            let built = shared.build(&js, runtime, &limits).await;
+            let built = shared.build(&tenant, &js, runtime, &limits).await;
             let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
             let failed = match &built {
                 Ok(_) => None,
@@ -250,6 +250,7 @@ enum Failure {
 impl Shared {
     async fn build(
         &self,
+        tenant: &str,
         js: &JsSource,
         runtime: Runtime,
         limits: &Limits,
@@ -275,7 +276,7 @@ impl Shared {
         };
         // Kept in memory only: a snapshot is cheap to make again, and a tenant's many tools
         // must not fill the disk.
-        self.compile(bytes).await.map_err(Failure::ForGood)
+        self.compile(tenant, bytes).await.map_err(Failure::ForGood)
     }
 
     /// The runtime `sha` instrumented for snapshots, compiled once per node.
@@ -290,20 +291,18 @@ impl Shared {
             return Ok(found);
         }
         let instrumented = snapshot::instrument_js_runtime(runtime).map_err(|e| e.to_string())?;
-        let prepared = self.compile(instrumented).await?;
+        // The host's own: compiled in its place, once per node.
+        let prepared = self.compile("", instrumented).await?;
         if let Some(entry) = self.runtimes.lock().await.get_mut(sha) {
             entry.instrumented = Some(prepared.clone());
         }
         Ok(prepared)
     }
 
-    /// Cranelift, off the async workers.
-    async fn compile(&self, bytes: Vec<u8>) -> Result<Prepared, String> {
-        let sandbox = self.sandbox.clone();
-        let artifact = tokio::task::spawn_blocking(move || sandbox.compile(&bytes))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e: LoadError| e.to_string())?;
+    /// Cranelift, in one of `tenant`'s compile places.
+    async fn compile(&self, tenant: &str, bytes: Vec<u8>) -> Result<Prepared, String> {
+        let (_, artifact) = self.sandbox.compile_in(tenant, bytes).await;
+        let artifact = artifact.map_err(|e| e.to_string())?;
         // SAFETY: compiled just now by this sandbox.
         unsafe { self.sandbox.load(&artifact) }.map_err(|e| e.to_string())
     }

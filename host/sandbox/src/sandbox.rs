@@ -313,6 +313,8 @@ pub struct Sandbox {
     slots: Arc<Semaphore>,
     /// The memory budget in MiB: each instance holds its `memory_bytes`, rounded up.
     memory_mib: Arc<Semaphore>,
+    /// Where components are compiled ([`Sandbox::compile_in`]).
+    compiles: crate::places::Places,
     /// Each tenant's part of `memory_mib` (`memory_budget_per_tenant_bytes`), by tenant.
     tenants_memory_mib: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
     config: SandboxConfig,
@@ -360,6 +362,7 @@ impl Sandbox {
             slots: Arc::new(Semaphore::new(config.max_instances as usize)),
             memory_mib: Arc::new(Semaphore::new(mib(config.memory_budget_bytes) as usize)),
             tenants_memory_mib: Default::default(),
+            compiles: crate::places::Places::new(MAX_COMPILES, 1),
             engine,
             linker,
             config,
@@ -399,6 +402,26 @@ impl Sandbox {
         self.engine
             .precompile_component(bytes)
             .map_err(|e| LoadError::Compile(format!("{e:#}")))
+    }
+
+    /// [`Sandbox::compile`] off the async workers, in one of `tenant`'s compile places (one
+    /// per tenant, [`MAX_COMPILES`] in all): Cranelift takes every core it is given, and
+    /// memory outside any instance's cap, for seconds on a large component. `tenant` is ""
+    /// for the host's own (the JS runtime). The bytes come back with the artifact.
+    pub async fn compile_in(
+        self: &Arc<Self>,
+        tenant: &str,
+        bytes: Vec<u8>,
+    ) -> (Vec<u8>, Result<Vec<u8>, LoadError>) {
+        let place = self.compiles.take(tenant).await;
+        let sandbox = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _place = place;
+            let artifact = sandbox.compile(&bytes);
+            (bytes, artifact)
+        })
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
     }
 
     /// Compiles and links a component in one step.
@@ -681,6 +704,10 @@ pub(crate) fn release(store: Store<CallState>, admitted: Admitted) {
         tokio::task::spawn_blocking(move || drop((store, admitted)));
     }
 }
+
+/// Components compiled at once in the process (each on every core Cranelift is given), one of
+/// them a tenant's at most.
+pub const MAX_COMPILES: usize = 2;
 
 /// An instance slot and the call's memory from the budget and from its tenant's part of it,
 /// held while the instance lives.
@@ -1144,5 +1171,26 @@ impl tokio::io::AsyncWrite for Capture {
 
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_tenants_compiles_run_one_at_a_time_and_never_wait_for_anothers() {
+        let sandbox = Arc::new(Sandbox::new(SandboxConfig::default()).unwrap());
+        let not_wasm = || b"not wasm".to_vec();
+        let held = sandbox.compiles.try_take("acme").unwrap();
+        let waits = Duration::from_millis(100);
+        let acme = tokio::time::timeout(waits, sandbox.compile_in("acme", not_wasm())).await;
+        assert!(acme.is_err(), "acme's second compile waits for its first");
+        let soon = Duration::from_secs(10);
+        let globex = tokio::time::timeout(soon, sandbox.compile_in("globex", not_wasm()));
+        assert!(matches!(globex.await.unwrap().1, Err(LoadError::NotWasm)));
+        drop(held);
+        let acme = tokio::time::timeout(soon, sandbox.compile_in("acme", not_wasm()));
+        assert!(matches!(acme.await.unwrap().1, Err(LoadError::NotWasm)));
     }
 }
