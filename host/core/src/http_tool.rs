@@ -599,7 +599,7 @@ pub(crate) async fn call(
             .checked_add(wait)
             .is_none_or(|resume| resume >= deadline);
         if !retryable || attempt >= retry.max_attempts || past_deadline {
-            return finish(result, helpers);
+            return finish_off_workers(result, helpers).await;
         }
         helpers.log(
             toolhost_spec::call::Level::Debug,
@@ -613,6 +613,27 @@ pub(crate) async fn call(
         delay = Duration::try_from_secs_f64(delay.as_secs_f64() * retry.exponential_factor)
             .unwrap_or(Duration::MAX);
     }
+}
+
+/// Responses larger than this are redacted and parsed on a blocking thread: tens of
+/// milliseconds and more for megabytes, which other tenants' calls must not wait behind.
+const INLINE_RESPONSE_BYTES: usize = 64 << 10;
+
+/// [`finish`], on a blocking thread for a large response.
+async fn finish_off_workers(
+    result: Result<Response, AttemptError>,
+    helpers: &Helpers,
+) -> Result<Value, ToolError> {
+    let large = result
+        .as_ref()
+        .is_ok_and(|response| response.body.len() > INLINE_RESPONSE_BYTES);
+    if !large {
+        return finish(result, helpers);
+    }
+    let helpers = helpers.clone();
+    tokio::task::spawn_blocking(move || finish(result, &helpers))
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
 }
 
 fn finish(result: Result<Response, AttemptError>, helpers: &Helpers) -> Result<Value, ToolError> {
@@ -636,7 +657,11 @@ fn finish(result: Result<Response, AttemptError>, helpers: &Helpers) -> Result<V
         .split(';')
         .next()
         .is_some_and(|t| t.trim() == "application/json" || t.trim().ends_with("+json"));
-    if is_json && let Ok(value) = serde_json::from_str(&text) {
+    // Past what a guest's result may be, as text: parsed, a value holds many times its bytes.
+    if is_json
+        && text.len() <= crate::exec::MAX_RESULT_BYTES
+        && let Ok(value) = serde_json::from_str(&text)
+    {
         return Ok(value);
     }
     Ok(serde_json::json!({
@@ -845,6 +870,25 @@ async fn connect_tunnel(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// JSON past a guest result's size is not parsed (a value holds many times its text):
+    /// the tool answers it as text, as for any other type.
+    #[tokio::test]
+    async fn a_json_response_larger_than_a_result_is_answered_as_text() {
+        let response = |body: String| Response {
+            status: StatusCode::OK,
+            content_type: "application/json".into(),
+            retry_after: None,
+            body: body.into_bytes().into(),
+        };
+        let small = finish_off_workers(Ok(response("[0,0]".into())), &Helpers::default()).await;
+        assert_eq!(small.unwrap(), json!([0, 0]));
+        let zeros = format!("[{}0]", "0,".repeat(crate::exec::MAX_RESULT_BYTES / 2));
+        let large = finish_off_workers(Ok(response(zeros)), &Helpers::default()).await;
+        let large = large.unwrap();
+        assert_eq!(large["status"], 200);
+        assert!(large["body"].as_str().unwrap().starts_with("[0,0,"));
+    }
 
     fn def(request: Value) -> HttpToolDef {
         serde_json::from_value(json!({

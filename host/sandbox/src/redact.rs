@@ -72,9 +72,13 @@ fn base64_core(engine: &impl Engine, secret: &[u8], offset: usize) -> String {
 /// they are searched form by form.
 const MAX_FINDER_BYTES: usize = 256 << 10;
 
+/// Bytes a search form by form may scan in all (each form's length of text): past it, the
+/// text is withheld whole rather than searched for seconds (some 350 forms of 32 long secrets
+/// in 16 MiB is 5.6 GB).
+const MAX_SCAN_BYTES: usize = 1 << 30;
+
 /// Every form of the secrets one call read, and what finds them: form by form, a response
-/// is scanned once per form (some 350 scans of up to 16 MiB for 32 secrets, on an async
-/// worker, outside any guest's fuel); one pass scans it once.
+/// is scanned once per form (outside any guest's fuel); one pass scans it once.
 #[derive(Default)]
 pub(crate) struct Redactor {
     /// Longest first.
@@ -124,6 +128,11 @@ impl Redactor {
                 });
                 clean
             }
+            None if self.forms.len().saturating_mul(text.len()) > MAX_SCAN_BYTES => format!(
+                "[withheld: {} bytes is too much text to search for {} forms of secrets]",
+                text.len(),
+                self.forms.len()
+            ),
             None => self.forms.iter().fold(text.to_owned(), |text, form| {
                 text.replace(form.as_str(), REDACTED)
             }),
@@ -194,6 +203,22 @@ mod tests {
         );
         let cleaned = redactor.redact(&text);
         assert_eq!(cleaned, "[redacted] then [redacted] then [redacted]");
+    }
+
+    /// Form by form, a search costs the forms times the text: past a bound the text is
+    /// withheld, never returned unsearched.
+    #[test]
+    fn too_much_text_to_search_form_by_form_is_withheld() {
+        let large = "k".repeat(MAX_FINDER_BYTES);
+        let mut redactor = Redactor::default();
+        redactor.add(&large);
+        assert!(redactor.finder.is_none());
+        assert_eq!(redactor.redact(&format!("{large}x")), format!("{REDACTED}x"));
+        let past = MAX_SCAN_BYTES / redactor.forms() + 1;
+        let text = format!("{large}{}", "x".repeat(past - large.len()));
+        let withheld = redactor.redact(&text);
+        assert!(withheld.starts_with("[withheld: "), "{}", &withheld[..40]);
+        assert!(!withheld.contains(&large));
     }
 
     #[test]
