@@ -213,7 +213,10 @@ mod tests {
         let mut redactor = Redactor::default();
         redactor.add(&large);
         assert!(redactor.finder.is_none());
-        assert_eq!(redactor.redact(&format!("{large}x")), format!("{REDACTED}x"));
+        assert_eq!(
+            redactor.redact(&format!("{large}x")),
+            format!("{REDACTED}x")
+        );
         let past = MAX_SCAN_BYTES / redactor.forms() + 1;
         let text = format!("{large}{}", "x".repeat(past - large.len()));
         let withheld = redactor.redact(&text);

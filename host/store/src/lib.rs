@@ -574,6 +574,10 @@ pub const MCP_SESSION_TTL_MS: u64 = 24 * 3600 * 1000;
 /// Ended durable calls kept per tenant (the newest); older ones are forgotten as others end.
 pub const MAX_ENDED_KEPT: usize = 1000;
 
+/// Bytes of ended durable calls kept per tenant, as stored (each with its arguments, caller
+/// data and outcome: up to megabytes): past it the oldest are forgotten as others end.
+pub const MAX_ENDED_BYTES: u64 = 64 << 20;
+
 /// A node not heard from for this long no longer counts as alive (nodes beat every 5 s).
 pub const NODE_TTL_MS: u64 = 15_000;
 

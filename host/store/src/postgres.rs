@@ -324,21 +324,29 @@ impl PgStore {
         call.state = next;
         write_durable(&mut tx, &call, false).await?;
         if call.ended() {
-            // The newest ended calls of a tenant are kept, at most MAX_ENDED_KEPT of them.
-            sqlx::query(
-                "DELETE FROM durable_calls WHERE id IN (SELECT id FROM durable_calls \
-                 WHERE tenant = $1 AND ended_at_ms IS NOT NULL \
-                 ORDER BY ended_at_ms DESC OFFSET $2)",
-            )
-            .bind(&call.caller.tenant)
-            .bind(crate::MAX_ENDED_KEPT as i64)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
-            self.announce(&mut tx, Change::CallEnded).await?;
+            self.ended(&mut tx, &call.caller.tenant).await?;
         }
         tx.commit().await.map_err(backend)?;
         Ok(true)
+    }
+
+    /// After one of `tenant`'s calls ended: its newest ended calls are kept, at most
+    /// MAX_ENDED_KEPT of them and MAX_ENDED_BYTES as stored, and readers waiting are woken.
+    async fn ended(&self, tx: &mut Transaction<'static, Postgres>, tenant: &str) -> Result<()> {
+        sqlx::query(
+            "DELETE FROM durable_calls WHERE id IN (SELECT id FROM (SELECT id, \
+             row_number() OVER newest AS kept, sum(pg_column_size(call)) OVER newest AS bytes \
+             FROM durable_calls WHERE tenant = $1 AND ended_at_ms IS NOT NULL \
+             WINDOW newest AS (ORDER BY ended_at_ms DESC, id)) AS ranked \
+             WHERE kept > $2 OR bytes > $3)",
+        )
+        .bind(tenant)
+        .bind(crate::MAX_ENDED_KEPT as i64)
+        .bind(to_i64(crate::MAX_ENDED_BYTES))
+        .execute(&mut **tx)
+        .await
+        .map_err(backend)?;
+        self.announce(tx, Change::CallEnded).await
     }
 }
 
@@ -1110,6 +1118,9 @@ impl Store for PgStore {
             let mut call: DurableCall = parse("durable call", &id, &json)?;
             let claimed = crate::claim(&mut call, node, now_ms, lease_until_ms);
             write_durable(&mut tx, &call, false).await?;
+            if call.ended() {
+                self.ended(&mut tx, &call.caller.tenant).await?;
+            }
             tx.commit().await.map_err(backend)?;
             if claimed.is_some() {
                 return Ok(claimed);

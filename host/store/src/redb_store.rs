@@ -72,9 +72,10 @@ const DURABLE_CALLS: Table = TableDefinition::new("durable_calls");
 const DURABLE_PENDING: Table = TableDefinition::new("durable_pending");
 /// What an older version kept in place of [`DURABLE_PENDING`]: removed when that is built.
 const DURABLE_UNENDED: Table = TableDefinition::new("durable_unended");
-/// Each tenant's ended durable calls, oldest first (`tenant \0 ended_at id`): a call that
-/// ends trims its tenant's to the newest [`crate::MAX_ENDED_KEPT`] at once, as PostgreSQL's
-/// store does, instead of letting them pile up until the next purge.
+/// Each tenant's ended durable calls, oldest first (`tenant \0 ended_at id`), each with its
+/// record's bytes (u64 BE): a call that ends trims its tenant's to the newest
+/// [`crate::MAX_ENDED_KEPT`] and [`crate::MAX_ENDED_BYTES`] at once, as PostgreSQL's store
+/// does, and the purge finds the old ones without reading any record.
 const DURABLE_ENDED: Table = TableDefinition::new("durable_ended");
 /// Bytes of each tenant's data (KV and cache entries, keys included), kept with every write.
 const USAGE: Table = TableDefinition::new("data_usage");
@@ -594,22 +595,42 @@ fn store_durable(
         None => {
             pending.remove(call.id.as_bytes())?;
             drop(pending);
-            keep_newest_ended(tx, calls, call)?;
+            keep_newest_ended(tx, calls, call, json.len())?;
         }
     }
     Ok(())
 }
 
-/// Lists every call not ended in [`DURABLE_PENDING`], once, for a store written before it
-/// was kept, and drops what that store kept instead.
+/// When `call` ended, if it has.
+fn ended_at(call: &DurableCall) -> Option<u64> {
+    match call.state {
+        DurableState::Done { ended_at_ms, .. } | DurableState::Lost { ended_at_ms, .. } => {
+            Some(ended_at_ms)
+        }
+        DurableState::Queued | DurableState::Running { .. } => None,
+    }
+}
+
+/// Lists every call not ended in [`DURABLE_PENDING`], and every ended one in
+/// [`DURABLE_ENDED`] with its bytes, once, for a store written before they were kept so, and
+/// drops what that store kept instead.
 fn index_pending(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
     let calls = tx.open_table(DURABLE_CALLS)?;
     let mut pending = tx.open_table(DURABLE_PENDING)?;
+    let mut ended = tx.open_table(DURABLE_ENDED)?;
     for entry in calls.iter()? {
         let (id, json) = entry?;
-        let call = serde_json::from_slice::<DurableCall>(json.value()).ok();
-        if let Some(state) = call.as_ref().and_then(Pending::of) {
+        let Ok(call) = serde_json::from_slice::<DurableCall>(json.value()) else {
+            continue;
+        };
+        if let Some(state) = Pending::of(&call) {
             pending.insert(id.value(), &state.to_bytes()[..])?;
+        } else if let Some(at) = ended_at(&call) {
+            let bytes = (json.value().len() as u64).to_be_bytes();
+            ended.insert(
+                &ended_key(&call.caller.tenant, at, id.value())[..],
+                &bytes[..],
+            )?;
         }
     }
     tx.delete_table(DURABLE_UNENDED)?;
@@ -621,36 +642,33 @@ fn ended_key(tenant: &str, ended_at_ms: u64, id: &[u8]) -> Vec<u8> {
     [tenant.as_bytes(), b"\0", &ended_at_ms.to_be_bytes(), id].concat()
 }
 
-/// Indexes `call`, which has just ended, and removes its tenant's oldest ended calls past
-/// [`crate::MAX_ENDED_KEPT`]. Calls that ended before the index was kept are left to the purge.
+/// Indexes `call`, which has just ended in a record of `bytes`, and removes its tenant's
+/// oldest ended calls past [`crate::MAX_ENDED_KEPT`] or [`crate::MAX_ENDED_BYTES`].
 fn keep_newest_ended(
     tx: &redb::WriteTransaction,
     calls: &mut redb::Table<&[u8], &[u8]>,
     call: &DurableCall,
+    bytes: usize,
 ) -> std::result::Result<(), redb::Error> {
-    let ended_at_ms = match call.state {
-        DurableState::Done { ended_at_ms, .. } | DurableState::Lost { ended_at_ms, .. } => {
-            ended_at_ms
-        }
-        _ => return Ok(()),
+    let Some(ended_at_ms) = ended_at(call) else {
+        return Ok(());
     };
     let tenant = &call.caller.tenant;
     let mut index = tx.open_table(DURABLE_ENDED)?;
-    index.insert(
-        &ended_key(tenant, ended_at_ms, call.id.as_bytes())[..],
-        &[][..],
-    )?;
+    let key = ended_key(tenant, ended_at_ms, call.id.as_bytes());
+    index.insert(&key[..], &(bytes as u64).to_be_bytes()[..])?;
     let prefix = [tenant.as_bytes(), b"\0"].concat();
-    let mut ended = Vec::new();
-    for entry in index.range(&prefix[..]..)? {
-        let (key, _) = entry?;
-        if !key.value().starts_with(&prefix) {
-            break;
+    let end = [tenant.as_bytes(), b"\x01"].concat();
+    let (mut kept, mut kept_bytes, mut past) = (0, 0u64, Vec::new());
+    for entry in index.range(&prefix[..]..&end[..])?.rev() {
+        let (key, bytes) = entry?;
+        kept += 1;
+        kept_bytes = kept_bytes.saturating_add(be_u64(bytes.value()));
+        if kept > crate::MAX_ENDED_KEPT || kept_bytes > crate::MAX_ENDED_BYTES {
+            past.push(key.value().to_vec());
         }
-        ended.push(key.value().to_vec());
     }
-    let past = ended.len().saturating_sub(crate::MAX_ENDED_KEPT);
-    for key in &ended[..past] {
+    for key in &past {
         index.remove(&key[..])?;
         calls.remove(&key[prefix.len() + 8..])?;
     }
@@ -858,36 +876,28 @@ impl RedbFile {
         Ok(pending.iter().filter(|(_, state)| of_tenant(state)).count())
     }
 
+    /// By [`DURABLE_ENDED`] alone: no record is read (a tenant's may hold megabytes each).
     fn durable_purge(&self, before_ms: u64) -> Result<usize> {
-        let calls: Vec<(Vec<u8>, DurableCall)> =
-            readable(self.scan(DURABLE_CALLS, b"")?, "durable call").collect();
-        let ended_at = |call: &DurableCall| match call.state {
-            DurableState::Done { ended_at_ms, .. } | DurableState::Lost { ended_at_ms, .. } => {
-                Some(ended_at_ms)
+        let old: Vec<(Vec<u8>, usize)> = self.read(DURABLE_ENDED, |index| {
+            let mut old = Vec::new();
+            for entry in index.iter().map_err(backend)? {
+                let key = entry.map_err(backend)?.0.value().to_vec();
+                let Some(tenant_end) = key.iter().position(|&b| b == 0) else {
+                    continue;
+                };
+                let at = key.get(tenant_end + 1..tenant_end + 9).map_or(0, be_u64);
+                if at < before_ms {
+                    old.push((key, tenant_end + 9));
+                }
             }
-            _ => None,
-        };
-        let mut ended: Vec<(u64, String, Vec<u8>)> = calls
-            .into_iter()
-            .filter_map(|(key, call)| Some((ended_at(&call)?, call.caller.tenant, key)))
-            .collect();
-        // Newest first: each tenant keeps its newest MAX_ENDED_KEPT.
-        ended.sort_by_key(|(at, _, _)| std::cmp::Reverse(*at));
-        let mut kept: std::collections::HashMap<String, usize> = Default::default();
-        let old: Vec<(u64, String, Vec<u8>)> = ended
-            .into_iter()
-            .filter(|(at, tenant, _)| {
-                let count = kept.entry(tenant.clone()).or_default();
-                *count += 1;
-                *at < before_ms || *count > crate::MAX_ENDED_KEPT
-            })
-            .collect();
+            Ok(old)
+        })?;
         self.write(Commit::Durable, |tx| {
             let mut table = tx.open_table(DURABLE_CALLS)?;
             let mut index = tx.open_table(DURABLE_ENDED)?;
-            for (at, tenant, key) in &old {
-                table.remove(&key[..])?;
-                index.remove(&ended_key(tenant, *at, key)[..])?;
+            for (key, id_at) in &old {
+                index.remove(&key[..])?;
+                table.remove(&key[*id_at..])?;
             }
             Ok(old.len())
         })
@@ -1794,10 +1804,11 @@ mod tests {
             store
                 .durable_put(&durable("g1", "globex", DurableState::Queued))
                 .unwrap();
-            // What the older version kept instead.
+            // What the older version kept instead, and no list of ended calls.
             (store.write(Commit::Durable, |tx| {
                 tx.open_table(DURABLE_UNENDED)?
                     .insert(&b"a1"[..], &b"acme"[..])?;
+                tx.delete_table(DURABLE_ENDED)?;
                 Ok(())
             }))
             .unwrap();
@@ -1815,6 +1826,10 @@ mod tests {
         }
         claimed.sort();
         assert_eq!(claimed, ["a1", "g1"]);
+        // The call that had ended is listed too, which is all the purge reads.
+        assert_eq!(store.durable_purge(2).unwrap(), 0);
+        assert_eq!(store.durable_purge(3).unwrap(), 1);
+        assert_eq!(store.durable_get("a2").unwrap(), None);
     }
 
     #[test]

@@ -10,8 +10,8 @@ use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::ToolSpec;
 use toolhost_store::{
     Change, ConfigValue, DurableCall, DurableState, ENTRY_OVERHEAD_BYTES, HeldCall, KeyRecord,
-    MAX_ENDED_KEPT, PgOptions, PgStore, RedbStore, SecretsKey, SourceKind, Store, StoreError,
-    ToolEntry, now_ms,
+    MAX_ENDED_BYTES, MAX_ENDED_KEPT, PgOptions, PgStore, RedbStore, SecretsKey, SourceKind, Store,
+    StoreError, ToolEntry, now_ms,
 };
 
 /// A fresh, empty database on the test server, and its URL.
@@ -82,6 +82,7 @@ conformance!(
     a_stalled_durable_call_runs_again_only_while_it_has_retries,
     ended_durable_calls_are_purged,
     a_tenant_keeps_its_newest_ended_durable_calls_as_they_end,
+    a_tenant_keeps_at_most_its_bytes_of_ended_durable_calls,
     a_tenant_running_fewer_durable_calls_is_served_first,
 );
 
@@ -725,6 +726,56 @@ async fn a_tenant_keeps_its_newest_ended_durable_calls_as_they_end(store: Arc<dy
     }
     assert_eq!(kept, MAX_ENDED_KEPT);
     assert!(store.durable_get(&id(calls - 1)).await.unwrap().is_some());
+}
+
+/// A tenant's ended calls hold at most MAX_ENDED_BYTES as stored (outcomes of megabytes
+/// would otherwise keep a gigabyte per tenant for a day): its oldest go, no other tenant's.
+async fn a_tenant_keeps_at_most_its_bytes_of_ended_durable_calls(store: Arc<dyn Store>) {
+    let mut other = durable("g", 0, 0);
+    other.caller = Caller::tenant("globex");
+    store.durable_put(&other).await.unwrap();
+    store
+        .durable_claim("a", 10, u64::MAX)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        store
+            .durable_finish("g", "a", &json!("small"))
+            .await
+            .unwrap()
+    );
+    // Random, so that PostgreSQL's compression cannot shrink it: 1 MiB of hex each.
+    let mut noise = vec![0u8; 512 << 10];
+    let calls = (MAX_ENDED_BYTES >> 20) as usize + 6;
+    let id = |n: usize| format!("c{n:03}");
+    for n in 0..calls {
+        store
+            .durable_put(&durable(&id(n), 0, n as u64))
+            .await
+            .unwrap();
+        store
+            .durable_claim("a", 10, u64::MAX)
+            .await
+            .unwrap()
+            .unwrap();
+        getrandom::fill(&mut noise).unwrap();
+        let outcome = json!(toolhost_spec::digest::hex(&noise));
+        assert!(store.durable_finish(&id(n), "a", &outcome).await.unwrap());
+    }
+    let mut kept = Vec::new();
+    for n in 0..calls {
+        if store.durable_get(&id(n)).await.unwrap().is_some() {
+            kept.push(n);
+        }
+    }
+    // The newest, as many as fit: the first six or so are gone.
+    assert!((calls - 8..calls).contains(&kept.len()), "{kept:?}");
+    assert_eq!(kept, (calls - kept.len()..calls).collect::<Vec<_>>());
+    assert!(
+        store.durable_get("g").await.unwrap().is_some(),
+        "globex's stays"
+    );
 }
 
 /// PostgreSQL only: a tenant's entries are locked against every node for one install, and
