@@ -17,7 +17,7 @@
 //! | `search_vectors` | model fingerprint and text digest | the vector's bytes               |
 //! | `data_usage` | `tenant`                      | bytes of its KV and cache entries, each with [`crate::ENTRY_OVERHEAD_BYTES`] (u64 BE) |
 //! | `durable_calls` | call id                    | [`DurableCall`] JSON                      |
-//! | `durable_pending` | call id of each call not ended | created-at, lease-until (0: queued; u64 BE ms each), tenant |
+//! | `durable_pending` | `tenant \0` call id of each call not ended | created-at, lease-until (0: queued; u64 BE ms each) |
 //!
 //! Each write is one redb transaction, on disk (synced) before it returns; cached results and
 //! search vectors, which are computed again if lost, are synced lazily. redb blocks: every
@@ -558,24 +558,24 @@ impl Pending {
         self.lease_until_ms != 0
     }
 
-    fn to_bytes(&self) -> Vec<u8> {
-        let (created, lease) = (self.created_at_ms, self.lease_until_ms);
-        [
-            &created.to_be_bytes()[..],
-            &lease.to_be_bytes(),
-            self.tenant.as_bytes(),
-        ]
-        .concat()
+    /// Its key in [`DURABLE_PENDING`] (`tenant \0 id`) and its value.
+    fn to_entry(&self, id: &[u8]) -> (Vec<u8>, [u8; 16]) {
+        let mut value = [0; 16];
+        value[..8].copy_from_slice(&self.created_at_ms.to_be_bytes());
+        value[8..].copy_from_slice(&self.lease_until_ms.to_be_bytes());
+        ([self.tenant.as_bytes(), b"\0", id].concat(), value)
     }
 
-    fn from_bytes(bytes: &[u8]) -> Option<Pending> {
-        let (created, rest) = bytes.split_first_chunk::<8>()?;
-        let (lease, tenant) = rest.split_first_chunk::<8>()?;
-        Some(Pending {
+    /// The call's id and what is kept of it, from its entry in [`DURABLE_PENDING`].
+    fn from_entry(key: &[u8], value: &[u8]) -> Option<(Vec<u8>, Pending)> {
+        let (tenant, id) = key.split_at(key.iter().position(|&b| b == 0)?);
+        let (created, lease) = value.split_first_chunk::<8>()?;
+        let pending = Pending {
             created_at_ms: u64::from_be_bytes(*created),
-            lease_until_ms: u64::from_be_bytes(*lease),
+            lease_until_ms: u64::from_be_bytes(lease.try_into().ok()?),
             tenant: String::from_utf8(tenant.to_vec()).ok()?,
-        })
+        };
+        Some((id[1..].to_vec(), pending))
     }
 }
 
@@ -590,10 +590,12 @@ fn store_durable(
     let mut pending = tx.open_table(DURABLE_PENDING)?;
     match Pending::of(call) {
         Some(state) => {
-            pending.insert(call.id.as_bytes(), &state.to_bytes()[..])?;
+            let (key, value) = state.to_entry(call.id.as_bytes());
+            pending.insert(&key[..], &value[..])?;
         }
         None => {
-            pending.remove(call.id.as_bytes())?;
+            pending
+                .remove(&[call.caller.tenant.as_bytes(), b"\0", call.id.as_bytes()].concat()[..])?;
             drop(pending);
             keep_newest_ended(tx, calls, call, json.len())?;
         }
@@ -624,7 +626,8 @@ fn index_pending(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::E
             continue;
         };
         if let Some(state) = Pending::of(&call) {
-            pending.insert(id.value(), &state.to_bytes()[..])?;
+            let (key, value) = state.to_entry(id.value());
+            pending.insert(&key[..], &value[..])?;
         } else if let Some(at) = ended_at(&call) {
             let bytes = (json.value().len() as u64).to_be_bytes();
             ended.insert(
@@ -816,10 +819,8 @@ impl RedbFile {
         self.write(Commit::Durable, |tx| {
             let mut pending: Vec<(Vec<u8>, Pending)> = Vec::new();
             for entry in tx.open_table(DURABLE_PENDING)?.iter()? {
-                let (id, state) = entry?;
-                if let Some(state) = Pending::from_bytes(state.value()) {
-                    pending.push((id.value().to_vec(), state));
-                }
+                let (key, value) = entry?;
+                pending.extend(Pending::from_entry(key.value(), value.value()));
             }
             let mut running: std::collections::HashMap<String, usize> = Default::default();
             for (_, state) in pending.iter().filter(|(_, state)| state.running()) {
@@ -867,13 +868,10 @@ impl RedbFile {
         })
     }
 
-    /// Every tenant's submit counts through every tenant's calls not ended: by the tenant
-    /// kept beside each id, without reading the calls.
+    /// The tenant's entries in [`DURABLE_PENDING`] alone, without reading the calls.
     fn durable_unfinished(&self, tenant: &str) -> Result<usize> {
-        let pending = self.scan(DURABLE_PENDING, b"")?;
-        let of_tenant =
-            |state: &[u8]| Pending::from_bytes(state).is_some_and(|p| p.tenant == tenant);
-        Ok(pending.iter().filter(|(_, state)| of_tenant(state)).count())
+        let prefix = [tenant.as_bytes(), b"\0"].concat();
+        Ok(self.scan(DURABLE_PENDING, &prefix)?.len())
     }
 
     /// By [`DURABLE_ENDED`] alone: no record is read (a tenant's may hold megabytes each).
@@ -1778,8 +1776,13 @@ mod tests {
             node: "n".into(),
             lease_until_ms: 7,
         };
-        let state = Pending::of(&durable("a", "acme", running)).unwrap();
-        assert_eq!(Pending::from_bytes(&state.to_bytes()), Some(state));
+        let state = Pending::of(&durable("a:1", "acme", running)).unwrap();
+        let (key, value) = state.to_entry(b"a:1");
+        assert_eq!(key, b"acme\0a:1");
+        assert_eq!(
+            Pending::from_entry(&key, &value),
+            Some((b"a:1".to_vec(), state))
+        );
         let queued = Pending::of(&durable("b", "acme", DurableState::Queued)).unwrap();
         assert!(!queued.running());
         let lost = DurableState::Lost {
@@ -1787,7 +1790,8 @@ mod tests {
             ended_at_ms: 2,
         };
         assert_eq!(Pending::of(&durable("c", "acme", lost)), None);
-        assert_eq!(Pending::from_bytes(&[0; 15]), None);
+        assert_eq!(Pending::from_entry(b"acme\0a", &[0; 15]), None);
+        assert_eq!(Pending::from_entry(b"no tenant", &[0; 16]), None);
     }
 
     #[test]
