@@ -608,14 +608,18 @@ impl Catalog {
         let _ = self.changes.send(tenant.to_owned());
     }
 
-    /// Reads a tenant's tools again (another node changed them) and tells subscribers.
+    /// Reads a tenant's tools again (another node may have changed them) and, if they
+    /// differ from those served, serves them and tells subscribers: a re-read that finds
+    /// nothing new sends no MCP session a `list_changed` and rebuilds no search index.
     pub async fn reload(&self, tenant: &str) -> Result<(), StoreError> {
         // Not between this process's own read and write of the entries: it would put back
         // what that write replaces.
         let _writing = self.entry_writes.lock(tenant).await;
-        let entries = self.store.tool_entries_of(tenant).await?;
-        self.tools.replace_tenant(tenant, valid_tools(entries));
-        self.changed(tenant);
+        let tools = valid_tools(self.store.tool_entries_of(tenant).await?);
+        if self.tools.differs(tenant, &tools) {
+            self.tools.replace_tenant(tenant, tools);
+            self.changed(tenant);
+        }
         Ok(())
     }
 

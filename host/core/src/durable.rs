@@ -18,8 +18,8 @@ use crate::config::DurableConfig;
 use crate::pipeline::{Budget, Pipeline};
 
 /// Durable calls of one tenant not yet ended; past this, a submission is `rate_limited`.
-/// With the ended calls kept (`toolhost_store::MAX_ENDED_KEPT`) and the arguments' cap, this
-/// bounds what one tenant's durable calls hold in the store.
+/// With the ended calls kept (`toolhost_store::MAX_ENDED_KEPT`, `MAX_ENDED_BYTES`) and the
+/// arguments' cap, this bounds what one tenant's durable calls hold in the store.
 pub const MAX_UNENDED_PER_TENANT: usize = 1000;
 /// The largest arguments of a durable call, and the largest caller `data`, each as JSON: they
 /// are kept until the call is forgotten.

@@ -549,3 +549,38 @@ async fn open_store(config: &HostConfig) -> Result<Arc<dyn Store>, OpenError> {
 fn new_sandbox(config: &HostConfig) -> Result<Sandbox, OpenError> {
     Sandbox::new(config.sandbox.clone()).map_err(|e| OpenError::Engine(format!("{e:#}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A re-sync reads tenants' tools again whenever it cannot tell they are unchanged: one
+    /// that finds them unchanged must not make every MCP session list them and every search
+    /// index rebuild.
+    #[tokio::test]
+    async fn reading_a_tenants_unchanged_tools_again_tells_no_one() {
+        let host = Host::open(Default::default()).await.unwrap();
+        let def = serde_json::json!({
+            "spec": {"name": "weather", "description": "Weather.", "parameters": {"type": "object"}},
+            "request": {"method": "get", "url": "http://example.com/"}
+        });
+        let def = serde_json::from_value(def).unwrap();
+        host.install_http("acme", def).await.unwrap();
+        let (before, mut changes) = (host.generation("acme"), host.catalog.subscribe_changes());
+        host.catalog.reload("acme").await.unwrap();
+        host.catalog.reload_all().await.unwrap();
+        assert_eq!(host.generation("acme"), before);
+        assert!(changes.try_recv().is_err());
+        // Changed behind the catalog's back, as another node would: served, and told.
+        assert!(
+            host.store()
+                .remove_tool_entry("acme", "weather")
+                .await
+                .unwrap()
+        );
+        host.catalog.reload_all().await.unwrap();
+        assert_ne!(host.generation("acme"), before);
+        assert_eq!(changes.try_recv().unwrap(), "acme");
+        assert!(host.describe("acme", "weather").is_none());
+    }
+}

@@ -6,6 +6,7 @@
 //! header line is refused, so arguments cannot redirect the request.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,9 +19,9 @@ use serde_json::{Map, Value};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-
 use toolhost_sandbox::egress::{ConnectError, EgressConfig, EgressError};
 use toolhost_sandbox::helpers::Helpers;
+use toolhost_sandbox::places::Places;
 use toolhost_spec::call::ToolError;
 use toolhost_spec::spec::{SpecError, ToolSpec, is_valid_config_key};
 
@@ -619,7 +620,10 @@ pub(crate) async fn call(
 /// milliseconds and more for megabytes, which other tenants' calls must not wait behind.
 const INLINE_RESPONSE_BYTES: usize = 64 << 10;
 
-/// [`finish`], on a blocking thread for a large response.
+/// Large responses redacted and parsed at once: 8 in the process, 2 of one tenant's.
+static FINISHING: LazyLock<Places> = LazyLock::new(|| Places::new(8, 2));
+
+/// [`finish`], on a blocking thread in one of the tenant's places for a large response.
 async fn finish_off_workers(
     result: Result<Response, AttemptError>,
     helpers: &Helpers,
@@ -630,10 +634,10 @@ async fn finish_off_workers(
     if !large {
         return finish(result, helpers);
     }
-    let helpers = helpers.clone();
-    tokio::task::spawn_blocking(move || finish(result, &helpers))
+    let (tenant, helpers) = (helpers.tenant().unwrap_or_default(), helpers.clone());
+    FINISHING
+        .run(tenant, move || finish(result, &helpers))
         .await
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
 }
 
 fn finish(result: Result<Response, AttemptError>, helpers: &Helpers) -> Result<Value, ToolError> {

@@ -196,6 +196,18 @@ impl TenantTools {
         tenants.insert(tenant.to_owned(), by_name);
     }
 
+    /// Whether `tools` are not exactly `tenant`'s tools as served now.
+    pub fn differs(&self, tenant: &str, tools: &[TenantTool]) -> bool {
+        let tenants = self.tenants.read().unwrap_or_else(|p| p.into_inner());
+        let served = tenants.get(tenant);
+        served.map_or(0, BTreeMap::len) != tools.len()
+            || tools.iter().any(|tool| {
+                served
+                    .and_then(|served| served.get(&tool.spec().name))
+                    .is_none_or(|served| served.version != tool.version)
+            })
+    }
+
     /// `tool`, its spec the one already held for its code if that is equal.
     fn shared(&self, mut tool: TenantTool) -> TenantTool {
         let mut specs = self.specs.lock().unwrap_or_else(|p| p.into_inner());

@@ -50,8 +50,9 @@ struct LogBuffer {
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     dropped_bytes: u64,
-    /// The secret values this call read, to redact from everything it reports.
-    secrets: Redactor,
+    /// The secret values this call read, to redact from everything it reports: shared, so a
+    /// long search runs outside this lock.
+    secrets: Arc<Redactor>,
 }
 
 #[derive(Clone, Copy)]
@@ -160,7 +161,7 @@ impl Helpers {
         Ok(value.map(|v| {
             if v.secret {
                 // Once per value: a guest reading its secret in a loop adds nothing.
-                self.buffer().secrets.add(&v.value);
+                Arc::make_mut(&mut self.buffer().secrets).add(&v.value);
             }
             v.value
         }))
@@ -168,7 +169,8 @@ impl Helpers {
 
     /// `text` with every secret this call read replaced.
     pub fn redact(&self, text: &str) -> String {
-        self.buffer().secrets.redact(text)
+        let secrets = self.buffer().secrets.clone();
+        secrets.redact(text)
     }
 
     /// Appends a line to the call's log; past the cap it is counted, not kept.

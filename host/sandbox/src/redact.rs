@@ -79,7 +79,7 @@ const MAX_SCAN_BYTES: usize = 1 << 30;
 
 /// Every form of the secrets one call read, and what finds them: form by form, a response
 /// is scanned once per form (outside any guest's fuel); one pass scans it once.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Redactor {
     /// Longest first.
     forms: Vec<String>,
@@ -119,6 +119,12 @@ impl Redactor {
 
     /// `text` with every form of every secret replaced.
     pub(crate) fn redact(&self, text: &str) -> String {
+        self.redact_within(text, MAX_SCAN_BYTES)
+    }
+
+    /// As [`Redactor::redact`], withholding the text if searching it form by form would
+    /// scan more than `max_scan` bytes.
+    fn redact_within(&self, text: &str, max_scan: usize) -> String {
         match &self.finder {
             Some(finder) => {
                 let mut clean = String::with_capacity(text.len());
@@ -128,7 +134,7 @@ impl Redactor {
                 });
                 clean
             }
-            None if self.forms.len().saturating_mul(text.len()) > MAX_SCAN_BYTES => format!(
+            None if self.forms.len().saturating_mul(text.len()) > max_scan => format!(
                 "[withheld: {} bytes is too much text to search for {} forms of secrets]",
                 text.len(),
                 self.forms.len()
@@ -213,13 +219,13 @@ mod tests {
         let mut redactor = Redactor::default();
         redactor.add(&large);
         assert!(redactor.finder.is_none());
+        let text = format!("{large}x");
+        let exactly = text.len() * redactor.forms();
         assert_eq!(
-            redactor.redact(&format!("{large}x")),
+            redactor.redact_within(&text, exactly),
             format!("{REDACTED}x")
         );
-        let past = MAX_SCAN_BYTES / redactor.forms() + 1;
-        let text = format!("{large}{}", "x".repeat(past - large.len()));
-        let withheld = redactor.redact(&text);
+        let withheld = redactor.redact_within(&text, exactly - 1);
         assert!(withheld.starts_with("[withheld: "), "{}", &withheld[..40]);
         assert!(!withheld.contains(&large));
     }

@@ -134,6 +134,12 @@ impl Idle {
         let all = std::mem::take(&mut *self.lock());
         all.into_iter().for_each(Kept::drop_now);
     }
+
+    /// Drops `tenant`'s kept instances, giving back its part of the memory budget.
+    pub fn clear_tenant(&self, tenant: &str) {
+        let own = extract(&mut self.lock(), |kept| kept.tenant == tenant);
+        own.into_iter().for_each(Kept::drop_now);
+    }
 }
 
 impl Kept {

@@ -313,8 +313,9 @@ pub struct Sandbox {
     slots: Arc<Semaphore>,
     /// The memory budget in MiB: each instance holds its `memory_bytes`, rounded up.
     memory_mib: Arc<Semaphore>,
-    /// Where components are compiled ([`Sandbox::compile_in`]).
+    /// Where tenants' components are compiled, and the host's own ([`Sandbox::compile_in`]).
     compiles: crate::places::Places,
+    host_compiles: crate::places::Places,
     /// Each tenant's part of `memory_mib` (`memory_budget_per_tenant_bytes`), by tenant.
     tenants_memory_mib: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
     config: SandboxConfig,
@@ -363,6 +364,7 @@ impl Sandbox {
             memory_mib: Arc::new(Semaphore::new(mib(config.memory_budget_bytes) as usize)),
             tenants_memory_mib: Default::default(),
             compiles: crate::places::Places::new(MAX_COMPILES, 1),
+            host_compiles: crate::places::Places::new(1, 1),
             engine,
             linker,
             config,
@@ -407,13 +409,18 @@ impl Sandbox {
     /// [`Sandbox::compile`] off the async workers, in one of `tenant`'s compile places (one
     /// per tenant, [`MAX_COMPILES`] in all): Cranelift takes every core it is given, and
     /// memory outside any instance's cap, for seconds on a large component. `tenant` is ""
-    /// for the host's own (the JS runtime). The bytes come back with the artifact.
+    /// for the host's own (the JS runtime), which has a place of its own: every JS call may
+    /// wait for it. The bytes come back with the artifact.
     pub async fn compile_in(
         self: &Arc<Self>,
         tenant: &str,
         bytes: Vec<u8>,
     ) -> (Vec<u8>, Result<Vec<u8>, LoadError>) {
-        let place = self.compiles.take(tenant).await;
+        let places = match tenant {
+            "" => &self.host_compiles,
+            _ => &self.compiles,
+        };
+        let place = places.take(tenant).await;
         let sandbox = self.clone();
         tokio::task::spawn_blocking(move || {
             let _place = place;
@@ -574,9 +581,9 @@ impl Sandbox {
         }
     }
 
-    /// An instance slot, and the call's memory from `tenant`'s part of the budget and from
-    /// the whole, waited for until `deadline`. Instances kept idle for reuse give theirs back
-    /// first when any runs short.
+    /// The call's memory from `tenant`'s part of the budget, then an instance slot and the
+    /// memory from the whole, waited for until `deadline`. Kept idle instances give theirs
+    /// back first when any runs short: the tenant's own for its part, any for the whole.
     pub(crate) async fn admit(
         &self,
         tenant: &str,
@@ -585,34 +592,42 @@ impl Sandbox {
     ) -> Result<Admitted, Fault> {
         let (own_part, own_memory) = self.memory_part(tenant);
         let memory = mib(limits.memory_bytes).min(mib(self.config.memory_budget_bytes));
-        let own = memory.min(own_memory);
+        let own = memory.min(own_memory) as u32;
+        let deadline = tokio::time::Instant::from(deadline);
+        // A tenant at its part waits holding nothing another tenant needs, and does not
+        // make any other tenant's kept instances go.
+        if own_part.available_permits() < own as usize {
+            self.idle.clear_tenant(tenant);
+        }
+        let own_memory = tokio::time::timeout_at(deadline, own_part.acquire_many_owned(own));
+        let own_memory = match own_memory.await {
+            Err(_elapsed) => return Err(Fault::Timeout),
+            Ok(Err(_closed)) => return Err(Fault::Host("the sandbox is shutting down".into())),
+            Ok(Ok(permit)) => permit,
+        };
         if self.slots.available_permits() == 0
             || self.memory_mib.available_permits() < memory as usize
-            || own_part.available_permits() < own as usize
         {
             self.idle.clear();
         }
         // While any call waits, no instance is kept: its slot and memory go to the waiter.
         let _waiting = self.idle.waiting();
-        let admitted = tokio::time::timeout_at(deadline.into(), async {
-            // The tenant's part first: a tenant at its part waits holding nothing that other
-            // tenants' calls need.
-            let own = own_part.acquire_many_owned(own as u32).await?;
+        let admitted = tokio::time::timeout_at(deadline, async {
             let slot = self.slots.clone().acquire_owned().await?;
             let memory = (self.memory_mib.clone())
                 .acquire_many_owned(memory as u32)
                 .await?;
-            Ok::<_, tokio::sync::AcquireError>(Admitted {
-                _slot: slot,
-                _memory: memory,
-                _own_memory: own,
-            })
+            Ok::<_, tokio::sync::AcquireError>((slot, memory))
         });
         match admitted.await {
             Err(_elapsed) => Err(Fault::Timeout),
             // Closed only if the sandbox is dropped, which cannot happen while `&self` lives.
             Ok(Err(_)) => Err(Fault::Host("the sandbox is shutting down".into())),
-            Ok(Ok(admitted)) => Ok(admitted),
+            Ok(Ok((slot, memory))) => Ok(Admitted {
+                _slot: slot,
+                _memory: memory,
+                _own_memory: own_memory,
+            }),
         }
     }
 
@@ -620,9 +635,13 @@ impl Sandbox {
     fn memory_part(&self, tenant: &str) -> (Arc<Semaphore>, u64) {
         let part = mib(self.config.memory_budget_per_tenant_bytes.max(1));
         let mut tenants = (self.tenants_memory_mib.lock()).unwrap_or_else(|p| p.into_inner());
-        let own = tenants.entry(tenant.to_owned());
-        let own = own.or_insert_with(|| Arc::new(Semaphore::new(part as usize)));
-        (own.clone(), part)
+        // Looked up before inserting: most calls find it, and need not copy the tenant.
+        if let Some(own) = tenants.get(tenant) {
+            return (own.clone(), part);
+        }
+        let own = Arc::new(Semaphore::new(part as usize));
+        tenants.insert(tenant.to_owned(), own.clone());
+        (own, part)
     }
 
     /// Instantiates, runs `entry` under `limits`, and drops the instance.
@@ -1192,5 +1211,12 @@ mod tests {
         drop(held);
         let acme = tokio::time::timeout(soon, sandbox.compile_in("acme", not_wasm()));
         assert!(matches!(acme.await.unwrap().1, Err(LoadError::NotWasm)));
+        // Tenants holding every place hold up no compile of the host's own.
+        let held: Vec<_> = ["acme", "globex"]
+            .map(|tenant| sandbox.compiles.try_take(tenant).unwrap())
+            .into();
+        assert_eq!(held.len(), MAX_COMPILES);
+        let host = tokio::time::timeout(soon, sandbox.compile_in("", not_wasm()));
+        assert!(matches!(host.await.unwrap().1, Err(LoadError::NotWasm)));
     }
 }

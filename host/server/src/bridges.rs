@@ -81,7 +81,7 @@ pub struct Disclosure {
     config: DisclosureConfig,
     /// Each tenant's search index, with the tenant's generation it was built at; at most
     /// [`INDEXED_TOOLS`] tools in all, the least used giving way, and a tenant's only while
-    /// it holds at most [`TENANT_SHARE_OF_INDEXED`] of them.
+    /// it weighs at most a quarter of that ([`TENANT_SHARE_OF_INDEXED`]).
     indexes: quick_cache::sync::Cache<String, Arc<TenantIndex>, ByTools>,
     /// Where indexes are built: one build of a tenant's at a time, [`INDEX_BUILDS`] in all,
     /// so a tenant whose index is not kept, searching again and again, holds one place.
@@ -110,8 +110,9 @@ impl TenantIndex {
 /// postings and its vector). A tenant whose index gave way builds it again at its next search.
 const INDEXED_TOOLS: u64 = 50_000;
 
-/// The part of [`INDEXED_TOOLS`] one tenant's index may take: a larger one is built for each
-/// search, by that tenant's searches alone, rather than push every other tenant's out.
+/// One tenant's index is kept while it weighs at most [`INDEXED_TOOLS`] divided by this (a
+/// quarter): a larger one is built for each search, by that tenant's searches alone, rather
+/// than push every other tenant's out.
 const TENANT_SHARE_OF_INDEXED: u64 = 4;
 
 /// Index builds at once in the process (a build with a search model takes a core for

@@ -1345,11 +1345,24 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    /// An upload whose body is sent, or never arrives (`None`); its status and error code.
-    async fn upload(router: &Router, key: &str, body: Option<Value>) -> (StatusCode, String) {
+    /// An upload whose body is sent, or never arrives (`Err`: the sender is told when the
+    /// server first asks for it); its status and error code.
+    async fn upload(
+        router: &Router,
+        key: &str,
+        body: Result<Value, tokio::sync::oneshot::Sender<()>>,
+    ) -> (StatusCode, String) {
         let body = match body {
-            Some(def) => Body::from(def.to_string()),
-            None => Body::from_stream(futures::stream::pending::<Result<Bytes, std::io::Error>>()),
+            Ok(def) => Body::from(def.to_string()),
+            Err(asked) => {
+                let mut asked = Some(asked);
+                Body::from_stream(futures::stream::poll_fn(move |_| {
+                    if let Some(asked) = asked.take() {
+                        let _ = asked.send(());
+                    }
+                    std::task::Poll::<Option<Result<Bytes, std::io::Error>>>::Pending
+                }))
+            }
         };
         let request = Request::post("/v1/tools")
             .header(header::AUTHORIZATION, format!("Bearer {key}"))
@@ -1384,17 +1397,19 @@ mod tests {
         }
         let (acme, globex) = (keys[0].clone(), keys[1].clone());
         let router = router(host, Default::default());
-        let stalled: Vec<_> = (0..MAX_UPLOADS_PER_TENANT)
-            .map(|_| {
-                let (router, acme) = (router.clone(), acme.clone());
-                tokio::spawn(async move { upload(&router, &acme, None).await })
-            })
-            .collect();
-        // Each stalled upload takes its place before this test goes on.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut stalled = Vec::new();
+        for _ in 0..MAX_UPLOADS_PER_TENANT {
+            let (router, acme) = (router.clone(), acme.clone());
+            let (asked, holds_a_place) = tokio::sync::oneshot::channel();
+            stalled.push(tokio::spawn(async move {
+                upload(&router, &acme, Err(asked)).await
+            }));
+            // Its body is asked for once it holds its place.
+            holds_a_place.await.unwrap();
+        }
 
         tokio::time::pause();
-        let def = |name: &str| Some(serde_json::to_value(http_tool(name)).unwrap());
+        let def = |name: &str| Ok(serde_json::to_value(http_tool(name)).unwrap());
         let refused = upload(&router, &acme, def("third")).await;
         assert_eq!(
             refused,

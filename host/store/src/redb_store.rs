@@ -224,9 +224,10 @@ impl RedbFile {
             file: None,
         };
         // Every table exists from the start, so that a read never meets a missing one. A
-        // store written before usage or blob shas were kept gets them counted once. Read
+        // store written before usage or blob shas were kept gets them counted once, and so
+        // does one an older version wrote to again (what it keeps instead marks it). Read
         // first: a durable commit on every start would cost a restart a disk flush for nothing.
-        if store.has_every_table().map_err(backend)? {
+        if store.is_current().map_err(backend)? {
             return Ok(store);
         }
         store.write(Commit::Durable, |tx| {
@@ -234,7 +235,8 @@ impl RedbFile {
             let had = |table: Table| had.iter().any(|name| name == table.name());
             let (counted, listed, indexed) = (had(USAGE), had(BLOB_SHAS), had(CACHE_EXPIRY));
             let checksummed = had(CHECKSUMMED_ARTIFACTS);
-            let pending = had(DURABLE_PENDING);
+            let counted = counted && !had(USAGE_WITHOUT_OVERHEAD);
+            let pending = had(DURABLE_PENDING) && !had(DURABLE_UNENDED);
             for table in TABLES {
                 tx.open_table(table)?;
             }
@@ -259,13 +261,16 @@ impl RedbFile {
         Ok(store)
     }
 
-    fn has_every_table(&self) -> std::result::Result<bool, redb::Error> {
+    /// Whether every table exists and none that an older version keeps in place of one.
+    fn is_current(&self) -> std::result::Result<bool, redb::Error> {
         let tx = self.db.begin_read()?;
         let names: std::collections::HashSet<String> = tx
             .list_tables()?
             .map(|table| table.name().to_owned())
             .collect();
-        Ok(TABLES.iter().all(|table| names.contains(table.name())))
+        let older = [DURABLE_UNENDED, USAGE_WITHOUT_OVERHEAD];
+        Ok(TABLES.iter().all(|table| names.contains(table.name()))
+            && !older.iter().any(|table| names.contains(table.name())))
     }
 
     /// Runs `write` in one transaction and commits it: all of it is stored, or none. Once a
@@ -617,6 +622,9 @@ fn ended_at(call: &DurableCall) -> Option<u64> {
 /// [`DURABLE_ENDED`] with its bytes, once, for a store written before they were kept so, and
 /// drops what that store kept instead.
 fn index_pending(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
+    // Listed from nothing: an older version may have ended calls listed here as pending.
+    tx.delete_table(DURABLE_PENDING)?;
+    tx.delete_table(DURABLE_ENDED)?;
     let calls = tx.open_table(DURABLE_CALLS)?;
     let mut pending = tx.open_table(DURABLE_PENDING)?;
     let mut ended = tx.open_table(DURABLE_ENDED)?;
@@ -687,6 +695,8 @@ fn recount_usage(tx: &redb::WriteTransaction) -> std::result::Result<(), redb::E
             *used.entry(key_tenant(key.value())).or_default() += bytes as u64;
         }
     }
+    // Counted from nothing: a tenant whose data is all gone has no count left over.
+    tx.delete_table(USAGE)?;
     let mut usage = tx.open_table(USAGE)?;
     for (tenant, bytes) in used {
         usage.insert(tenant.as_bytes(), &bytes.to_be_bytes()[..])?;
@@ -883,7 +893,9 @@ impl RedbFile {
                 let Some(tenant_end) = key.iter().position(|&b| b == 0) else {
                     continue;
                 };
-                let at = key.get(tenant_end + 1..tenant_end + 9).map_or(0, be_u64);
+                let Some(at) = key.get(tenant_end + 1..tenant_end + 9).map(be_u64) else {
+                    continue;
+                };
                 if at < before_ms {
                     old.push((key, tenant_end + 9));
                 }
@@ -1636,13 +1648,14 @@ mod tests {
         assert!(matches!(second, StoreError::Locked { .. }), "{second}");
     }
 
-    /// The store `write` fills, reopened as a version that did not keep `table` left it.
+    /// The names of the store's tables.
     fn table_names(store: &RedbFile) -> Vec<String> {
         let tx = store.db.begin_read().unwrap();
         let tables = tx.list_tables().unwrap();
         tables.map(|t| t.name().to_owned()).collect()
     }
 
+    /// The store `write` fills, reopened as a version that did not keep `table` left it.
     fn reopened_without(table: Table, write: impl FnOnce(&RedbFile)) -> (TempDir, RedbFile) {
         let dir = tempfile::tempdir().unwrap();
         {
@@ -1834,6 +1847,50 @@ mod tests {
         assert_eq!(store.durable_purge(2).unwrap(), 0);
         assert_eq!(store.durable_purge(3).unwrap(), 1);
         assert_eq!(store.durable_get("a2").unwrap(), None);
+    }
+
+    /// An older version opening the store again keeps its own tables: then this one lists
+    /// and counts everything again, not only what it kept itself.
+    #[test]
+    fn a_store_an_older_version_wrote_to_again_is_listed_and_counted_again() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
+            store
+                .durable_put(&durable("a1", "acme", DurableState::Queued))
+                .unwrap();
+            store.kv_set("t", "tool", "k", b"value", u64::MAX).unwrap();
+            // What the older version does: it ends the call and removes the key in its tables.
+            let done = DurableState::Done {
+                outcome: serde_json::json!(null),
+                ended_at_ms: 2,
+            };
+            let json = serde_json::to_vec(&durable("a1", "acme", done)).unwrap();
+            (store.write(Commit::Durable, |tx| {
+                tx.open_table(DURABLE_CALLS)?
+                    .insert(&b"a1"[..], &json[..])?;
+                tx.open_table(KV)?.remove(&key(&["t", "tool", "k"])[..])?;
+                tx.open_table(DURABLE_UNENDED)?;
+                tx.open_table(USAGE_WITHOUT_OVERHEAD)?;
+                Ok(())
+            }))
+            .unwrap();
+        }
+        let store = RedbFile::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(store.durable_unfinished("acme").unwrap(), 0);
+        assert_eq!(store.durable_claim("n", 10, 20).unwrap(), None);
+        assert_eq!(store.data_bytes("t").unwrap(), 0);
+        assert_eq!(
+            store.durable_purge(3).unwrap(),
+            1,
+            "the ended call is listed"
+        );
+        let tables = table_names(&store);
+        assert!(
+            !tables.contains(&"durable_unended".to_owned()),
+            "{tables:?}"
+        );
+        assert!(!tables.contains(&"usage".to_owned()), "{tables:?}");
     }
 
     #[test]
