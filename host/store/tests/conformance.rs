@@ -703,22 +703,21 @@ async fn ended_durable_calls_are_purged(store: Arc<dyn Store>) {
     assert!(store.durable_get("waiting").await.unwrap().is_some());
 }
 
+/// Queues `call`, claims it (the only one waiting) on node `a`, and finishes it with `outcome`.
+async fn run_to_its_end(store: &Arc<dyn Store>, call: DurableCall, outcome: serde_json::Value) {
+    store.durable_put(&call).await.unwrap();
+    let claimed = store.durable_claim("a", 10, u64::MAX).await.unwrap();
+    assert_eq!(claimed.map(|c| c.id), Some(call.id.clone()));
+    assert!(store.durable_finish(&call.id, "a", &outcome).await.unwrap());
+}
+
 /// Without a purge: a tenant whose calls end fast must not pile up their outcomes until the
 /// next one.
 async fn a_tenant_keeps_its_newest_ended_durable_calls_as_they_end(store: Arc<dyn Store>) {
     let calls = MAX_ENDED_KEPT + 5;
     let id = |n: usize| format!("c{n:05}");
     for n in 0..calls {
-        store
-            .durable_put(&durable(&id(n), 0, n as u64))
-            .await
-            .unwrap();
-        store
-            .durable_claim("a", 10, u64::MAX)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(store.durable_finish(&id(n), "a", &json!(n)).await.unwrap());
+        run_to_its_end(&store, durable(&id(n), 0, n as u64), json!(n)).await;
     }
     let mut kept = 0;
     for n in 0..calls {
@@ -733,35 +732,15 @@ async fn a_tenant_keeps_its_newest_ended_durable_calls_as_they_end(store: Arc<dy
 async fn a_tenant_keeps_at_most_its_bytes_of_ended_durable_calls(store: Arc<dyn Store>) {
     let mut other = durable("g", 0, 0);
     other.caller = Caller::tenant("globex");
-    store.durable_put(&other).await.unwrap();
-    store
-        .durable_claim("a", 10, u64::MAX)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        store
-            .durable_finish("g", "a", &json!("small"))
-            .await
-            .unwrap()
-    );
+    run_to_its_end(&store, other, json!("small")).await;
     // Random, so that PostgreSQL's compression cannot shrink it: 1 MiB of hex each.
     let mut noise = vec![0u8; 512 << 10];
     let calls = (MAX_ENDED_BYTES >> 20) as usize + 6;
     let id = |n: usize| format!("c{n:03}");
     for n in 0..calls {
-        store
-            .durable_put(&durable(&id(n), 0, n as u64))
-            .await
-            .unwrap();
-        store
-            .durable_claim("a", 10, u64::MAX)
-            .await
-            .unwrap()
-            .unwrap();
         getrandom::fill(&mut noise).unwrap();
         let outcome = json!(toolhost_spec::digest::hex(&noise));
-        assert!(store.durable_finish(&id(n), "a", &outcome).await.unwrap());
+        run_to_its_end(&store, durable(&id(n), 0, n as u64), outcome).await;
     }
     let mut kept = Vec::new();
     for n in 0..calls {
