@@ -540,6 +540,36 @@ async fn calls_past_the_memory_budget_wait_for_it() {
     assert!(started.elapsed() >= Duration::from_millis(800));
 }
 
+/// A tenant's calls waiting for its share hold a bounded amount of memory in their
+/// arguments: past it a call is refused at once, not queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_waiting_calls_hold_a_bounded_number_of_bytes() {
+    let config = HostConfig {
+        tenant_share: 1,
+        ..crate::plugins::config()
+    };
+    let host = Arc::new(Host::open(config).await.unwrap());
+    host.install("acme", crate::plugins::plugin("probe"))
+        .await
+        .unwrap();
+    let acme = Caller::tenant("acme");
+    let running = {
+        let (host, acme) = (host.clone(), acme.clone());
+        tokio::spawn(async move { host.call(&acme, "nap", json!({"ms": 3000})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A million zeros: about 72 MB as parsed values, past the 64 MiB a tenant's waiting
+    // calls may hold.
+    let large = json!({"ms": 1, "pad": vec![0; 1_000_000]});
+    let refused = host.call(&acme, "nap", large).await;
+    assert_eq!(refused.code(), "rate_limited", "{:?}", refused.result);
+    let message = format!("{:?}", refused.result);
+    assert!(message.contains("bytes of arguments"), "{message}");
+    let small = host.call(&acme, "nap", json!({"ms": 1})).await;
+    assert_eq!(small.code(), "ok", "a small call waits, and runs");
+    assert_eq!(running.await.unwrap().code(), "ok");
+}
+
 /// A tenant's live instances hold at most its part of the memory budget: past it its calls
 /// wait, holding none of the rest, and another tenant's call runs at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

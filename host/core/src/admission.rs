@@ -3,7 +3,7 @@
 //! of the host ([`Shares`]), which queues.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -27,11 +27,18 @@ pub struct Shares {
 /// refused at once.
 pub const QUEUED_PER_PLACE: usize = 32;
 
-/// One tenant's queue, the places it holds now, and the calls waiting in it.
+/// Memory the arguments of one tenant's waiting calls may hold together, measured as parsed
+/// values (`clip::held_bytes`); past it a call is refused at once. Without it, 256 waiting
+/// calls of a megabyte of small numbers each would hold 9 GiB.
+pub const MAX_WAITING_BYTES_PER_TENANT: u64 = 64 << 20;
+
+/// One tenant's queue, the places it holds now, and the calls waiting in it with the bytes
+/// their arguments hold.
 struct Share {
     queue: Arc<Semaphore>,
     places: usize,
     waiting: Arc<AtomicUsize>,
+    waiting_bytes: Arc<AtomicU64>,
 }
 
 /// Why a call did not get a place in its tenant's share.
@@ -41,14 +48,23 @@ pub enum NotEntered {
     Timeout,
     /// This many of the tenant's calls were already waiting.
     QueueFull(usize),
+    /// The tenant's waiting calls' arguments already held this many bytes.
+    QueueBytesFull(u64),
 }
 
-/// Counts a call among its tenant's waiting ones while it lives.
-struct Waiting(Arc<AtomicUsize>);
+/// Counts a call, and the bytes its arguments hold, among its tenant's waiting ones while it
+/// lives.
+struct Waiting {
+    count: Arc<AtomicUsize>,
+    bytes: Option<(Arc<AtomicU64>, u64)>,
+}
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        if let Some((bytes, held)) = &self.bytes {
+            bytes.fetch_sub(*held, Ordering::AcqRel);
+        }
     }
 }
 
@@ -68,13 +84,26 @@ impl Shares {
         weight: u32,
         deadline: Instant,
     ) -> Result<OwnedSemaphorePermit, NotEntered> {
+        self.enter_holding(tenant, weight, deadline, || 0).await
+    }
+
+    /// As [`Shares::enter`], for a call whose arguments hold `held()` bytes (measured only if
+    /// it must wait), within [`MAX_WAITING_BYTES_PER_TENANT`] of its tenant's waiting calls.
+    pub async fn enter_holding(
+        &self,
+        tenant: &str,
+        weight: u32,
+        deadline: Instant,
+        held: impl FnOnce() -> u64,
+    ) -> Result<OwnedSemaphorePermit, NotEntered> {
         let places = self.per_tenant * weight.max(1) as usize;
-        let (queue, waiting) = {
+        let (queue, waiting, waiting_bytes) = {
             let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
             let share = tenants.entry(tenant.to_owned()).or_insert_with(|| Share {
                 queue: Arc::new(Semaphore::new(places)),
                 places,
                 waiting: Arc::default(),
+                waiting_bytes: Arc::default(),
             });
             // A changed weight resizes the share; places in use are given up as they free.
             if places > share.places {
@@ -83,7 +112,8 @@ impl Shares {
             } else if places < share.places {
                 share.places -= share.queue.forget_permits(share.places - places);
             }
-            (share.queue.clone(), share.waiting.clone())
+            let waiting = (share.waiting.clone(), share.waiting_bytes.clone());
+            (share.queue.clone(), waiting.0, waiting.1)
         };
         if let Ok(place) = queue.clone().try_acquire_owned() {
             return Ok(place);
@@ -92,10 +122,21 @@ impl Shares {
         let taken = waiting.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
             (n < limit).then_some(n + 1)
         });
-        let _waiting = match taken {
-            Ok(_) => Waiting(waiting),
+        let mut _waiting = match taken {
+            Ok(_) => Waiting {
+                count: waiting,
+                bytes: None,
+            },
             Err(queued) => return Err(NotEntered::QueueFull(queued)),
         };
+        let held = held();
+        let added = waiting_bytes.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n.saturating_add(held) <= MAX_WAITING_BYTES_PER_TENANT).then_some(n + held)
+        });
+        match added {
+            Ok(_) => _waiting.bytes = Some((waiting_bytes, held)),
+            Err(holding) => return Err(NotEntered::QueueBytesFull(holding)),
+        }
         match tokio::time::timeout_at(deadline.into(), queue.acquire_owned()).await {
             Ok(Ok(place)) => Ok(place),
             // The semaphore is never closed: only the deadline ends the wait.
@@ -338,6 +379,46 @@ mod tests {
         drop(running);
         let next = waiters.swap_remove(1);
         assert!(next.await.unwrap(), "the first still waiting runs next");
+    }
+
+    #[tokio::test]
+    async fn a_tenants_waiting_calls_hold_a_bounded_number_of_bytes() {
+        let shares = Arc::new(Shares::new(1));
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let running = shares.enter("a", 1, far).await.unwrap();
+        let half = MAX_WAITING_BYTES_PER_TENANT / 2;
+        let wait = |tenant: &'static str, held: u64| {
+            let shares = shares.clone();
+            tokio::spawn(async move { shares.enter_holding(tenant, 1, far, || held).await.is_ok() })
+        };
+        let first = wait("a", half);
+        while shares.waiting("a") < 1 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            shares.enter_holding("a", 1, far, || half + 1).await.err(),
+            Some(NotEntered::QueueBytesFull(half)),
+            "refused at once"
+        );
+        assert_eq!(shares.waiting("a"), 1, "the refused call is not counted");
+        // b's waiting calls hold bytes of their own.
+        let _b_runs = shares.enter("b", 1, far).await.unwrap();
+        let b = wait("b", half + 1);
+        while shares.waiting("b") < 1 {
+            tokio::task::yield_now().await;
+        }
+        b.abort();
+        // A waiter that gives up gives its bytes back.
+        first.abort();
+        while shares.waiting("a") > 0 {
+            tokio::task::yield_now().await;
+        }
+        let second = wait("a", half + 1);
+        while shares.waiting("a") < 1 {
+            tokio::task::yield_now().await;
+        }
+        drop(running);
+        assert!(second.await.unwrap());
     }
 
     #[test]

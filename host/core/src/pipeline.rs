@@ -274,7 +274,7 @@ impl Pipeline {
             let run = async {
                 if let Some((first, _place)) = self
                     .enter_share(
-                        tool,
+                        (tool, &args),
                         ctx,
                         (policy.share_weight, checked_at),
                         budget,
@@ -314,7 +314,7 @@ impl Pipeline {
     /// wait), or `None` with the outcome set to `timeout`.
     async fn enter_share(
         &self,
-        tool: &Resolved,
+        (tool, args): (&Resolved, &Value),
         ctx: &CallContext,
         (weight, since): (Option<u32>, Instant),
         budget: Budget,
@@ -327,7 +327,11 @@ impl Pipeline {
         let queued = Instant::now();
         let deadline = since + limits.timeout();
         let weight = weight.unwrap_or(1);
-        let entered = self.shares.enter(&ctx.tenant, weight, deadline).await;
+        let held = || toolhost_spec::clip::held_bytes(args) as u64;
+        let entered = (self
+            .shares
+            .enter_holding(&ctx.tenant, weight, deadline, held))
+        .await;
         outcome.queued = queued.elapsed();
         let place = match entered {
             Ok(place) => place,
@@ -337,8 +341,12 @@ impl Pipeline {
                 });
                 return None;
             }
-            Err(NotEntered::QueueFull(waiting)) => {
-                outcome.result = Err(queue_full(waiting));
+            Err(refused) => {
+                outcome.result = Err(CallError::RateLimited {
+                    limit: "tenant_share",
+                    message: not_entered(refused),
+                    retry_after_ms: None,
+                });
                 return None;
             }
         };
@@ -368,14 +376,9 @@ impl Pipeline {
             .shares
             .enter(tenant, policy.share_weight.unwrap_or(1), deadline)
             .await
-            .map_err(|not_entered| InstallError::Admission {
+            .map_err(|refused| InstallError::Admission {
                 limit: "tenant_share",
-                message: match not_entered {
-                    NotEntered::Timeout => {
-                        "the tenant's share of the host stayed busy for the whole timeout".into()
-                    }
-                    NotEntered::QueueFull(waiting) => queue_full(waiting).to_string(),
-                },
+                message: not_entered(refused),
             })?;
         Ok((permit, place))
     }
@@ -614,12 +617,17 @@ impl CallIds {
 }
 
 /// A call refused because its tenant's queue is full ([`crate::admission::QUEUED_PER_PLACE`]).
-fn queue_full(waiting: usize) -> CallError {
-    CallError::RateLimited {
-        limit: "tenant_share",
-        message: format!(
-            "the tenant already has {waiting} calls waiting for its share of the host"
+/// Why a call got no place in its tenant's share of the host.
+fn not_entered(refused: NotEntered) -> String {
+    match refused {
+        NotEntered::QueueFull(waiting) => {
+            format!("the tenant already has {waiting} calls waiting for its share of the host")
+        }
+        NotEntered::QueueBytesFull(bytes) => format!(
+            "the tenant's calls waiting for its share of the host already hold {bytes} bytes of arguments in memory"
         ),
-        retry_after_ms: None,
+        NotEntered::Timeout => {
+            "the tenant's share of the host stayed busy for the whole timeout".into()
+        }
     }
 }
