@@ -557,10 +557,23 @@ async fn a_tenants_waiting_calls_hold_a_bounded_number_of_bytes() {
         let (host, acme) = (host.clone(), acme.clone());
         tokio::spawn(async move { host.call(&acme, "nap", json!({"ms": 3000})).await })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // A million zeros: about 72 MB as parsed values, past the 64 MiB a tenant's waiting
-    // calls may hold.
-    let large = json!({"ms": 1, "pad": vec![0; 1_000_000]});
+    // Until the nap runs: then acme's one place is taken, and its next calls wait.
+    let naps = || {
+        host.metrics()
+            .render()
+            .contains("toolhost_instances_live 1")
+    };
+    let started = Instant::now();
+    while !naps() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the nap never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Past the 64 MiB a tenant's waiting calls may hold (one long string: its check is quick,
+    // so what refuses it is the bound, not a check starved of CPU).
+    let large = json!({"ms": 1, "pad": "x".repeat(65 << 20)});
     let refused = host.call(&acme, "nap", large).await;
     assert_eq!(refused.code(), "rate_limited", "{:?}", refused.result);
     let message = format!("{:?}", refused.result);
