@@ -535,6 +535,11 @@ fn purge_expired(
     Ok(freed)
 }
 
+/// Where a call not ended is in [`DURABLE_PENDING`]: `tenant \0 id`.
+fn pending_key(tenant: &str, id: &[u8]) -> Vec<u8> {
+    [tenant.as_bytes(), b"\0", id].concat()
+}
+
 /// A durable call not ended, as [`DURABLE_PENDING`] keeps it.
 #[derive(Debug, PartialEq)]
 struct Pending {
@@ -568,7 +573,7 @@ impl Pending {
         let mut value = [0; 16];
         value[..8].copy_from_slice(&self.created_at_ms.to_be_bytes());
         value[8..].copy_from_slice(&self.lease_until_ms.to_be_bytes());
-        ([self.tenant.as_bytes(), b"\0", id].concat(), value)
+        (pending_key(&self.tenant, id), value)
     }
 
     /// The call's id and what is kept of it, from its entry in [`DURABLE_PENDING`].
@@ -599,8 +604,7 @@ fn store_durable(
             pending.insert(&key[..], &value[..])?;
         }
         None => {
-            pending
-                .remove(&[call.caller.tenant.as_bytes(), b"\0", call.id.as_bytes()].concat()[..])?;
+            pending.remove(&pending_key(&call.caller.tenant, call.id.as_bytes())[..])?;
             drop(pending);
             keep_newest_ended(tx, calls, call, json.len())?;
         }
@@ -880,8 +884,7 @@ impl RedbFile {
 
     /// The tenant's entries in [`DURABLE_PENDING`] alone, without reading the calls.
     fn durable_unfinished(&self, tenant: &str) -> Result<usize> {
-        let prefix = [tenant.as_bytes(), b"\0"].concat();
-        Ok(self.scan(DURABLE_PENDING, &prefix)?.len())
+        Ok(self.scan(DURABLE_PENDING, &pending_key(tenant, b""))?.len())
     }
 
     /// By [`DURABLE_ENDED`] alone: no record is read (a tenant's may hold megabytes each).
