@@ -583,6 +583,46 @@ async fn a_tenants_waiting_calls_hold_a_bounded_number_of_bytes() {
     assert_eq!(running.await.unwrap().code(), "ok");
 }
 
+/// A call waiting for a place to check its arguments is one of its tenant's waiting calls:
+/// MCP calls run on after their client goes, so without the bound a tenant could pile up
+/// calls there without end, each holding its arguments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_waiting_to_be_checked_count_among_the_tenants_waiting_calls() {
+    let config = HostConfig {
+        tenant_share: 1,
+        ..crate::plugins::config()
+    };
+    let host = Arc::new(Host::open(config).await.unwrap());
+    let spec = json!({"name": "matched", "description": "A costly pattern.",
+        "limits": {"timeout_ms": 3000},
+        "parameters": {"type": "object", "properties": {
+            "text": {"type": "string", "pattern": "a[ab]{1000}c"}}}});
+    let def = json!({"spec": spec, "request": {"method": "get", "url": "http://127.0.0.1:9/"}});
+    host.install_http("acme", serde_json::from_value(def).unwrap())
+        .await
+        .unwrap();
+    // Each check takes a tenth of a second or more: two run, the rest wait for them.
+    let text = json!({ "text": scrambled_ab(64 << 10) });
+    let queue = toolhost::QUEUED_PER_PLACE;
+    let calls = toolhost::MAX_CHECKS_PER_TENANT + queue + 6;
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..calls {
+        let (host, text) = (host.clone(), text.clone());
+        set.spawn(async move { host.call(&Caller::tenant("acme"), "matched", text).await });
+    }
+    let outcomes = set.join_all().await;
+    let refused: Vec<_> = outcomes
+        .iter()
+        .filter(|out| out.code() == "rate_limited")
+        .collect();
+    assert!(refused.len() >= 6, "{} of {calls} refused", refused.len());
+    let message = format!("{:?}", refused[0].result);
+    assert!(
+        message.contains(&format!("{queue} calls waiting")),
+        "{message}"
+    );
+}
+
 /// A tenant's live instances hold at most its part of the memory budget: past it its calls
 /// wait, holding none of the rest, and another tenant's call runs at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,6 +34,7 @@ pub const MAX_WAITING_BYTES_PER_TENANT: u64 = 64 << 20;
 
 /// One tenant's queue, the places it holds now, and the calls waiting in it with the bytes
 /// their arguments hold.
+#[derive(Clone)]
 struct Share {
     queue: Arc<Semaphore>,
     places: usize,
@@ -54,7 +55,7 @@ pub enum NotEntered {
 
 /// Counts a call, and the bytes its arguments hold, among its tenant's waiting ones while it
 /// lives.
-struct Waiting {
+pub struct Waiting {
     count: Arc<AtomicUsize>,
     bytes: Option<(Arc<AtomicU64>, u64)>,
 }
@@ -96,52 +97,79 @@ impl Shares {
         deadline: Instant,
         held: impl FnOnce() -> u64,
     ) -> Result<OwnedSemaphorePermit, NotEntered> {
-        let places = self.per_tenant * weight.max(1) as usize;
-        let (queue, waiting, waiting_bytes) = {
-            let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
-            let share = tenants.entry(tenant.to_owned()).or_insert_with(|| Share {
-                queue: Arc::new(Semaphore::new(places)),
-                places,
-                waiting: Arc::default(),
-                waiting_bytes: Arc::default(),
-            });
-            // A changed weight resizes the share; places in use are given up as they free.
-            if places > share.places {
-                share.queue.add_permits(places - share.places);
-                share.places = places;
-            } else if places < share.places {
-                share.places -= share.queue.forget_permits(share.places - places);
-            }
-            let waiting = (share.waiting.clone(), share.waiting_bytes.clone());
-            (share.queue.clone(), waiting.0, waiting.1)
-        };
-        if let Ok(place) = queue.clone().try_acquire_owned() {
+        let share = self.share(tenant, weight);
+        if let Ok(place) = share.queue.clone().try_acquire_owned() {
             return Ok(place);
         }
-        let limit = places * QUEUED_PER_PLACE;
-        let taken = waiting.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < limit).then_some(n + 1)
-        });
-        let mut _waiting = match taken {
-            Ok(_) => Waiting {
-                count: waiting,
-                bytes: None,
-            },
-            Err(queued) => return Err(NotEntered::QueueFull(queued)),
-        };
-        let held = held();
-        let added = waiting_bytes.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n.saturating_add(held) <= MAX_WAITING_BYTES_PER_TENANT).then_some(n + held)
-        });
-        match added {
-            Ok(_) => _waiting.bytes = Some((waiting_bytes, held)),
-            Err(holding) => return Err(NotEntered::QueueBytesFull(holding)),
-        }
+        let queue = share.queue.clone();
+        let _waiting = share.count_waiting(held())?;
         match tokio::time::timeout_at(deadline.into(), queue.acquire_owned()).await {
             Ok(Ok(place)) => Ok(place),
             // The semaphore is never closed: only the deadline ends the wait.
             _ => Err(NotEntered::Timeout),
         }
+    }
+
+    /// Counts a call whose arguments hold `held` bytes among its tenant's waiting calls, for
+    /// as long as the returned guard lives, while it waits for something other than its
+    /// share (a place to check its arguments): such a wait is bounded by the same queue.
+    pub fn wait_elsewhere(
+        &self,
+        tenant: &str,
+        weight: u32,
+        held: u64,
+    ) -> Result<Waiting, NotEntered> {
+        self.share(tenant, weight).count_waiting(held)
+    }
+
+    /// The tenant's share, resized to `weight`.
+    fn share(&self, tenant: &str, weight: u32) -> Share {
+        let places = self.per_tenant * weight.max(1) as usize;
+        let mut tenants = self.tenants.lock().unwrap_or_else(|p| p.into_inner());
+        let share = tenants.entry(tenant.to_owned()).or_insert_with(|| Share {
+            queue: Arc::new(Semaphore::new(places)),
+            places,
+            waiting: Arc::default(),
+            waiting_bytes: Arc::default(),
+        });
+        // A changed weight resizes the share; places in use are given up as they free.
+        if places > share.places {
+            share.queue.add_permits(places - share.places);
+            share.places = places;
+        } else if places < share.places {
+            share.places -= share.queue.forget_permits(share.places - places);
+        }
+        // The queue's bound follows the weight at once, even while places in use free.
+        Share {
+            places,
+            ..share.clone()
+        }
+    }
+}
+
+impl Share {
+    /// Counts one more of the tenant's waiting calls, holding `held` bytes, if both its
+    /// queue (its places × [`QUEUED_PER_PLACE`]) and its bytes have room.
+    fn count_waiting(self, held: u64) -> Result<Waiting, NotEntered> {
+        let limit = self.places * QUEUED_PER_PLACE;
+        let taken = (self.waiting).fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < limit).then_some(n + 1)
+        });
+        let mut waiting = match taken {
+            Ok(_) => Waiting {
+                count: self.waiting,
+                bytes: None,
+            },
+            Err(queued) => return Err(NotEntered::QueueFull(queued)),
+        };
+        let added = (self.waiting_bytes).fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n.saturating_add(held) <= MAX_WAITING_BYTES_PER_TENANT).then_some(n + held)
+        });
+        match added {
+            Ok(_) => waiting.bytes = Some((self.waiting_bytes, held)),
+            Err(holding) => return Err(NotEntered::QueueBytesFull(holding)),
+        }
+        Ok(waiting)
     }
 }
 
@@ -419,6 +447,32 @@ mod tests {
         }
         drop(running);
         assert!(second.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_call_waiting_elsewhere_holds_a_place_in_its_tenants_queue() {
+        let shares = Shares::new(1);
+        let far = Instant::now() + std::time::Duration::from_secs(60);
+        let _running = shares.enter("a", 1, far).await.unwrap();
+        let held = MAX_WAITING_BYTES_PER_TENANT / 2;
+        let elsewhere: Vec<_> = (0..QUEUED_PER_PLACE - 1)
+            .map(|_| shares.wait_elsewhere("a", 1, 1).unwrap())
+            .collect();
+        let big = shares.wait_elsewhere("a", 1, held).unwrap();
+        assert_eq!(shares.waiting("a"), QUEUED_PER_PLACE);
+        assert_eq!(
+            shares.enter("a", 1, far).await.err(),
+            Some(NotEntered::QueueFull(QUEUED_PER_PLACE)),
+            "the queue is full of calls waiting elsewhere"
+        );
+        drop(elsewhere);
+        assert_eq!(
+            shares.wait_elsewhere("a", 1, held + 1).err(),
+            Some(NotEntered::QueueBytesFull(held)),
+        );
+        drop(big);
+        assert_eq!(shares.waiting("a"), 0, "each gave its place back");
+        shares.wait_elsewhere("a", 1, held + 1).unwrap();
     }
 
     #[test]

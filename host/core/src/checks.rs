@@ -40,15 +40,19 @@ impl Against {
 }
 
 /// `value` checked against `tool`'s schema: `Err` is the call's error when the check did not
-/// end by `deadline` (a timeout naming the call's `limit_ms`), or could not start. A tool
-/// whose schemas do not compile, or that has no such schema, passes: its caller reports the
-/// first.
-pub(crate) async fn check(
+/// end by `deadline` (a timeout naming the call's `limit_ms`), or could not start, or when
+/// `waiting` refused to count the call among its tenant's waiting ones. `waiting` is asked
+/// only of a check that must leave the async worker, and what it returns is held while the
+/// call waits for a place: without it, calls whose clients went could pile up there, each
+/// holding its arguments. A tool whose schemas do not compile, or that has no such schema,
+/// passes: its caller reports the first.
+pub(crate) async fn check<W>(
     tenant: &str,
     tool: &Resolved,
     against: Against,
     value: &mut Value,
     (deadline, limit_ms): (std::time::Instant, u64),
+    waiting: impl FnOnce(&Value) -> Result<W, CallError>,
 ) -> Result<Result<(), Vec<ArgError>>, CallError> {
     let Some(validator) = against.validator(tool) else {
         return Ok(Ok(()));
@@ -58,7 +62,9 @@ pub(crate) async fn check(
     }
     let deadline = Instant::from_std(deadline);
     let timed_out = || CallError::Timeout { limit_ms };
+    let waiting = waiting(value)?;
     let place = (timeout_at(deadline, CHECKS.take(tenant)).await).map_err(|_| timed_out())?;
+    drop(waiting);
     let (tool, taken) = (tool.clone(), std::mem::take(value));
     let (send, checked) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()

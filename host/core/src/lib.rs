@@ -21,10 +21,12 @@
 #![deny(missing_docs)]
 
 mod admission;
+pub use admission::{MAX_WAITING_BYTES_PER_TENANT, QUEUED_PER_PLACE};
 pub mod approval;
 mod artifacts;
 mod catalog;
 mod checks;
+pub use checks::{MAX_CHECKS, MAX_CHECKS_PER_TENANT};
 mod components;
 mod config;
 mod durable;

@@ -243,7 +243,23 @@ impl Pipeline {
         let checked_at = Instant::now();
         let limits = budget.narrow(&spec.limits);
         let within = (checked_at + limits.timeout(), limits.timeout_ms);
-        match checks::check(&ctx.tenant, tool, Against::Args, &mut args, within).await {
+        // A direct call waiting for a place to check its arguments is one of its tenant's
+        // waiting calls, as one waiting for its share; a nested call runs in its caller's.
+        let weight = policy.share_weight.unwrap_or(1);
+        let waiting = |args: &Value| {
+            if budget.depth > 0 {
+                return Ok(None);
+            }
+            let held = toolhost_spec::clip::held_bytes(args) as u64;
+            let waiting = self.shares.wait_elsewhere(&ctx.tenant, weight, held);
+            waiting.map(Some).map_err(|refused| CallError::RateLimited {
+                limit: "tenant_share",
+                message: not_entered(refused),
+                retry_after_ms: None,
+            })
+        };
+        let checked = checks::check(&ctx.tenant, tool, Against::Args, &mut args, within, waiting);
+        match checked.await {
             Ok(Ok(())) => {}
             Ok(Err(errors)) => {
                 outcome.result = Err(CallError::InvalidArgs { errors });
@@ -488,7 +504,9 @@ impl Pipeline {
         }
         if let Ok(value) = &mut result {
             let within = (deadline, budget.narrow(&spec.limits).timeout_ms);
-            match checks::check(&ctx.tenant, tool, Against::Output, value, within).await {
+            // The call holds its place: its result's check waits in it.
+            let in_place = |_: &Value| Ok(());
+            match checks::check(&ctx.tenant, tool, Against::Output, value, within, in_place).await {
                 Ok(Ok(())) => {}
                 Ok(Err(errors)) => {
                     let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
