@@ -8,6 +8,7 @@
 
 pub mod admin;
 mod batch;
+pub mod bodies;
 pub mod bridges;
 mod console;
 pub mod events;

@@ -36,6 +36,7 @@ use toolhost::{
 };
 
 use crate::batch;
+use crate::bodies::{Bodies, BodyError};
 use crate::bridges::{Disclosure, DisclosureConfig, TOOL_SEARCH};
 use crate::console;
 use crate::events::CannotResume;
@@ -60,6 +61,8 @@ struct App {
     draining: CancellationToken,
     /// Where uploads are read and installed ([`MAX_UPLOADS`]).
     uploads: Arc<Places>,
+    /// Each tenant's request bodies in memory.
+    bodies: Arc<Bodies>,
 }
 
 /// What `/mcp` serves each tenant with: rmcp's Streamable HTTP service over that tenant's
@@ -162,6 +165,7 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
         stdio_command: options.stdio_command.into(),
         draining: stopping.draining,
         uploads: Arc::new(Places::new(MAX_UPLOADS, MAX_UPLOADS_PER_TENANT)),
+        bodies: Arc::default(),
     };
     Router::new()
         .route("/mcp", any(mcp_request))
@@ -320,9 +324,9 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.starts_with("application/json"));
             let terminating = parts.method == axum::http::Method::DELETE;
-            parts.extensions.insert(McpTenant(tenant));
+            parts.extensions.insert(McpTenant(tenant.clone()));
             let body = if parts.method == axum::http::Method::POST {
-                match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
+                match app.read_body(&tenant, body).await {
                     Ok(bytes) if batch::is_batch(&bytes) => {
                         if open == Some(false) {
                             return no_such_session().into_response();
@@ -336,14 +340,7 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
                         Some(refusal) => return refusal,
                         None => Body::from(bytes),
                     },
-                    Err(_) => {
-                        return ApiError::new(
-                            StatusCode::PAYLOAD_TOO_LARGE,
-                            "too_large",
-                            format!("an MCP message is at most {MAX_REQUEST_BYTES} bytes"),
-                        )
-                        .into_response();
-                    }
+                    Err(refused) => return refused.into_response(),
                 }
             } else {
                 body
@@ -703,19 +700,8 @@ impl FromRequestParts<App> for Key {
     }
 }
 
-/// A JSON body, with every failure in the API's error shape.
-fn json_body<T: serde::de::DeserializeOwned>(
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<T, ApiError> {
-    let bytes = body.map_err(|e| {
-        let status = e.status();
-        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            "too_large"
-        } else {
-            "bad_request"
-        };
-        ApiError::new(status, code, e.body_text())
-    })?;
+/// A JSON body, with every failure in the API's error shape; an empty body is `{}`.
+fn json_body<T: serde::de::DeserializeOwned>(bytes: Bytes) -> Result<T, ApiError> {
     let bytes = if bytes.is_empty() {
         Bytes::from_static(b"{}")
     } else {
@@ -728,6 +714,22 @@ fn json_body<T: serde::de::DeserializeOwned>(
             format!("the body is not valid JSON for this route: {e}"),
         )
     })
+}
+
+impl App {
+    /// A request's body, read within its time and its tenant's bytes ([`crate::bodies`]).
+    async fn read_body(&self, tenant: &str, body: Body) -> Result<Bytes, ApiError> {
+        let read = self.bodies.read(tenant, body, MAX_REQUEST_BYTES).await;
+        read.map_err(|error| {
+            let (status, code) = match error {
+                BodyError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+                BodyError::Timeout => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
+                BodyError::TenantFull => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+                BodyError::Failed(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            };
+            ApiError::new(status, code, error.to_string())
+        })
+    }
 }
 
 async fn openapi() -> impl IntoResponse {
@@ -825,7 +827,7 @@ async fn read_upload(app: &App, request: Request) -> Result<Upload, ApiError> {
         // A definition is parsed whole, many times its bytes in memory: no larger than any
         // other request's body.
         let def = upload_body(request.into_body(), MAX_REQUEST_BYTES).await?;
-        return Ok(Upload::Http(Box::new(json_body(Ok(def))?)));
+        return Ok(Upload::Http(Box::new(json_body(def)?)));
     }
     if !is("multipart/form-data") {
         let limit = app.host.max_component_bytes();
@@ -909,10 +911,10 @@ async fn rollback(
     State(app): State<App>,
     key: Key,
     Path(name): Path<String>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
-    let request: RollbackRequest = json_body(body)?;
+    let request: RollbackRequest = json_body(app.read_body(&tenant, body).await?)?;
     let to = match request.to {
         None => None,
         Some(to) => Some(
@@ -958,7 +960,7 @@ async fn call(
     key: Key,
     Path(name): Path<String>,
     Query(query): Query<CallQuery>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let durable = match query.mode.as_deref() {
         None | Some("sync") => false,
@@ -974,7 +976,7 @@ async fn call(
     };
     key.may(Access::Call)?;
     let tenant = key.0.tenant.clone();
-    let request: CallRequest = json_body(body)?;
+    let request: CallRequest = json_body(app.read_body(&tenant, body).await?)?;
     // A private tool is the app's; `data` is what a tool trusts as coming from the app.
     let private = app
         .host
@@ -1211,10 +1213,10 @@ async fn config_set(
     State(app): State<App>,
     key: Key,
     Path(name): Path<String>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: Body,
 ) -> Result<StatusCode, ApiError> {
     let tenant = key.tenant_for(Access::Manage)?;
-    let body: ConfigValueBody = json_body(body)?;
+    let body: ConfigValueBody = json_body(app.read_body(&tenant, body).await?)?;
     app.host
         .set_config(&tenant, &name, &body.value, body.secret)
         .await?;
@@ -1271,13 +1273,10 @@ async fn reject(
     State(app): State<App>,
     key: Key,
     Path(call_id): Path<String>,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = key.tenant_for(Access::Decide)?;
-    let request: RejectRequest = match &body {
-        Ok(bytes) if bytes.is_empty() => RejectRequest::default(),
-        _ => json_body(body)?,
-    };
+    let request: RejectRequest = json_body(app.read_body(&tenant, body).await?)?;
     let reason = request
         .reason
         .as_deref()
@@ -1433,6 +1432,86 @@ mod tests {
             upload(&router, &acme, def("third")).await.0,
             StatusCode::CREATED
         );
+    }
+
+    /// A call to `tool` with `body`; its status and error code.
+    async fn call_with(router: &Router, key: &str, tool: &str, body: Body) -> (StatusCode, String) {
+        let request = Request::post(format!("/v1/tools/{tool}/call"))
+            .header(header::AUTHORIZATION, format!("Bearer {key}"))
+            .body(body)
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&body).unwrap_or_default();
+        let code = body["error"]["code"].as_str().unwrap_or_default();
+        (status, code.to_owned())
+    }
+
+    #[tokio::test]
+    async fn a_tenants_request_bodies_hold_a_bounded_number_of_bytes_for_a_bounded_time() {
+        let host = host_where_acme_has_a_tool().await;
+        let mut keys = Vec::new();
+        for tenant in ["acme", "globex"] {
+            host.create_tenant(tenant).await.unwrap();
+            let key = host.create_key(tenant, toolhost::Role::Admin).await;
+            keys.push(key.unwrap().secret);
+        }
+        let (acme, globex) = (keys[0].clone(), keys[1].clone());
+        let router = router(host, Default::default());
+        // Each sends a megabyte, then nothing: all of acme's room for bodies in memory.
+        let mut stalled = Vec::new();
+        for _ in 0..crate::bodies::MAX_BODY_BYTES_PER_TENANT / MAX_REQUEST_BYTES {
+            let (router, acme) = (router.clone(), acme.clone());
+            let (read, first_chunk_read) = tokio::sync::oneshot::channel();
+            let mut state = (Some(Bytes::from(vec![b' '; MAX_REQUEST_BYTES])), Some(read));
+            let body = Body::from_stream(futures::stream::poll_fn(move |_| {
+                if let Some(chunk) = state.0.take() {
+                    return std::task::Poll::Ready(Some(Ok::<_, std::io::Error>(chunk)));
+                }
+                if let Some(read) = state.1.take() {
+                    let _ = read.send(());
+                }
+                std::task::Poll::Pending
+            }));
+            stalled.push(tokio::spawn(async move {
+                call_with(&router, &acme, "weather", body).await
+            }));
+            first_chunk_read.await.unwrap();
+        }
+        let small = || Body::from(r#"{"arguments": {}}"#);
+        let refused = call_with(&router, &acme, "none", small()).await;
+        assert_eq!(
+            refused,
+            (StatusCode::TOO_MANY_REQUESTS, "rate_limited".into())
+        );
+        let initialize = Request::post("/mcp")
+            .header(header::AUTHORIZATION, format!("Bearer {acme}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .body(Body::from(
+                r#"{"jsonrpc": "2.0", "id": 1, "method": "ping"}"#,
+            ))
+            .unwrap();
+        let mcp = router.clone().oneshot(initialize).await.unwrap();
+        assert_eq!(mcp.status(), StatusCode::TOO_MANY_REQUESTS, "/mcp too");
+        let other = call_with(&router, &globex, "none", small()).await;
+        assert_eq!(other.0, StatusCode::NOT_FOUND, "globex's body is read");
+
+        // A body that stops arriving gives its bytes back when its time is up.
+        tokio::time::pause();
+        let paused = tokio::time::Instant::now();
+        for call in stalled {
+            let timed_out = call.await.unwrap();
+            assert_eq!(
+                timed_out,
+                (StatusCode::REQUEST_TIMEOUT, "body_timeout".into())
+            );
+        }
+        assert!(paused.elapsed() <= crate::bodies::BODY_READ_TIMEOUT);
+        tokio::time::resume();
+        let read = call_with(&router, &acme, "none", small()).await;
+        assert_eq!(read.0, StatusCode::NOT_FOUND, "acme's bytes are back");
     }
 
     #[tokio::test]
