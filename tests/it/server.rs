@@ -1222,6 +1222,48 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
     assert_eq!(open(&api.acme).await.0, StatusCode::OK);
 }
 
+/// Each `notifications/initialized` started a task that watched the tenant's tools until the
+/// session ended, and a client may send it again and again: one session now has one watch.
+#[tokio::test]
+async fn a_session_watches_its_tenants_tools_once_however_often_it_says_initialized() {
+    let api = api().await;
+    let router = router(api.host.clone(), session_caps(10, 10));
+    let initialize = initialize_message("chatty");
+    let (status, session, body) = mcp_send(&router, "POST", &api.acme, None, initialize).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let session = session.unwrap();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let say_initialized = async |times: usize| {
+        for _ in 0..times {
+            let sent = mcp_send(
+                &router,
+                "POST",
+                &api.acme,
+                Some(&session),
+                initialized.clone(),
+            );
+            assert_eq!(sent.await.0, StatusCode::ACCEPTED);
+        }
+        // The session's task handles each notification after its 202.
+        let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+        let pong = mcp_send(&router, "POST", &api.acme, Some(&session), ping).await;
+        assert!(pong.0.is_success(), "{pong:?}");
+    };
+    say_initialized(1).await;
+    let watching = tasks();
+    say_initialized(50).await;
+    assert!(
+        tasks() <= watching + 2,
+        "{watching} tasks, then {}",
+        tasks()
+    );
+}
+
 /// hyper drops a request's future when its client goes. An `initialize` dropped while rmcp
 /// answers it still has the session rmcp opened counted under the caps: it was not, so a
 /// client that hung up at that moment opened sessions past them.

@@ -6,7 +6,9 @@
 //! `structuredContent` (wrapped as `{"result": ...}` when it is not an object, as MCP requires
 //! an object there).
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
@@ -19,6 +21,7 @@ use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::Receiver;
 use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
 
 use toolhost::export::{self, Format};
 use toolhost::{Caller, Host};
@@ -42,6 +45,80 @@ pub struct McpServer {
     listings: Arc<Listings>,
     /// Fixed for stdio; `None` takes it from each HTTP request's [`McpTenant`].
     tenant: Option<String>,
+    /// Whether this session's `list_changed` watch, started at `notifications/initialized`,
+    /// runs: one per session, however often a client sends the notification (rmcp makes one
+    /// server per session).
+    watching: Arc<AtomicBool>,
+    /// Every tenant's open `subscriptions/listen` streams.
+    listens: Arc<Listens>,
+}
+
+/// The most `subscriptions/listen` streams one tenant keeps open.
+pub const MAX_LISTENS_PER_TENANT: usize = 64;
+/// The most the server keeps open.
+pub const MAX_LISTENS: usize = 4096;
+
+/// Open `subscriptions/listen` streams by tenant. A listen runs until its client cancels it,
+/// and on 2026-07-28 rmcp keeps it running after its client has gone (it may be resumed), so
+/// a tenant keeps at most [`MAX_LISTENS_PER_TENANT`] and the server [`MAX_LISTENS`]: a new
+/// listen past either ends the oldest of its tenant, or of the tenant holding the most, so
+/// that streams left behind never lock a client out.
+#[derive(Default)]
+pub struct Listens(Mutex<ListensState>);
+
+#[derive(Default)]
+struct ListensState {
+    by_tenant: HashMap<String, BTreeMap<u64, CancellationToken>>,
+    next: u64,
+}
+
+/// One open listen; `ended` is cancelled when a newer one takes its place.
+struct Listen {
+    listens: Arc<Listens>,
+    tenant: String,
+    id: u64,
+    ended: CancellationToken,
+}
+
+impl Listens {
+    fn open(self: &Arc<Self>, tenant: &str) -> Listen {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let own = state.by_tenant.get(tenant).map_or(0, BTreeMap::len);
+        let all: usize = state.by_tenant.values().map(BTreeMap::len).sum();
+        let give_up = if own >= MAX_LISTENS_PER_TENANT {
+            Some(tenant.to_owned())
+        } else if all >= MAX_LISTENS {
+            let busiest = state.by_tenant.iter().max_by_key(|(_, open)| open.len());
+            busiest.map(|(tenant, _)| tenant.clone())
+        } else {
+            None
+        };
+        if let Some(oldest) = give_up.and_then(|t| state.by_tenant.get_mut(&t)?.pop_first()) {
+            oldest.1.cancel();
+        }
+        state.next += 1;
+        let (id, ended) = (state.next, CancellationToken::new());
+        let open = state.by_tenant.entry(tenant.to_owned()).or_default();
+        open.insert(id, ended.clone());
+        Listen {
+            listens: self.clone(),
+            tenant: tenant.to_owned(),
+            id,
+            ended,
+        }
+    }
+}
+
+impl Drop for Listen {
+    fn drop(&mut self) {
+        let mut state = (self.listens.0).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(open) = state.by_tenant.get_mut(&self.tenant) {
+            open.remove(&self.id);
+            if open.is_empty() {
+                state.by_tenant.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 impl McpServer {
@@ -52,16 +129,25 @@ impl McpServer {
             listings: Arc::default(),
             host,
             tenant: Some(tenant),
+            watching: Arc::default(),
+            listens: Arc::default(),
         }
     }
 
     /// For `/mcp`: the tenant of each request's key.
-    pub fn http(host: Arc<Host>, disclosure: Arc<Disclosure>, listings: Arc<Listings>) -> Self {
+    pub fn http(
+        host: Arc<Host>,
+        disclosure: Arc<Disclosure>,
+        listings: Arc<Listings>,
+        listens: Arc<Listens>,
+    ) -> Self {
         McpServer {
             host,
             disclosure,
             listings,
             tenant: None,
+            watching: Arc::default(),
+            listens,
         }
     }
 
@@ -275,6 +361,9 @@ impl ServerHandler for McpServer {
         let Ok(tenant) = self.tenant(&context.extensions) else {
             return;
         };
+        if self.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let mut changes = self.host.subscribe_changes();
         let peer = context.peer;
         tokio::spawn(async move {
@@ -306,10 +395,12 @@ impl ServerHandler for McpServer {
     /// One `subscriptions/listen` stream: the tenant's tool changes, until it is cancelled.
     async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
         let tenant = self.tenant(&subscription.request_context().extensions)?;
+        let listen = self.listens.open(&tenant);
         let mut changes = self.host.subscribe_changes();
         loop {
             tokio::select! {
                 _ = subscription.cancelled() => return Ok(()),
+                _ = listen.ended.cancelled() => return Ok(()),
                 changed = tenant_changed(&mut changes, &tenant) => {
                     let sent = match changed {
                         Some(()) => subscription.sink().notify_tool_list_changed().await,
@@ -361,7 +452,12 @@ mod tests {
     async fn only_a_change_of_its_own_tools_or_the_natives_converts_a_listing_again() {
         let host = host_where_acme_has_a_tool().await;
         let disclosure = Arc::new(Disclosure::new(host.clone(), Default::default()));
-        let server = McpServer::http(host.clone(), disclosure, Default::default());
+        let server = McpServer::http(
+            host.clone(),
+            disclosure,
+            Default::default(),
+            Default::default(),
+        );
         let converted = server.listing("acme").unwrap();
 
         host.install_http("globex", http_tool("forecast"))
@@ -381,6 +477,32 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(server.listing("acme").unwrap().tools.len(), 3);
+    }
+
+    #[test]
+    fn a_listen_past_a_cap_ends_the_oldest_of_its_tenant_or_of_the_busiest() {
+        let listens = Arc::new(Listens::default());
+        let open = |tenant: &str, n: usize| -> Vec<Listen> {
+            (0..n).map(|_| listens.open(tenant)).collect()
+        };
+        let ended = |listens: &[Listen]| listens.iter().filter(|l| l.ended.is_cancelled()).count();
+        let mut a = open("a", MAX_LISTENS_PER_TENANT);
+        a.push(listens.open("a"));
+        assert!(a[0].ended.is_cancelled(), "the oldest gave way");
+        assert_eq!(ended(&a), 1);
+        // Other tenants fill the server, a little below a's share each.
+        let each = MAX_LISTENS_PER_TENANT - 1;
+        let others: Vec<_> = (0..(MAX_LISTENS - MAX_LISTENS_PER_TENANT) / each)
+            .map(|t| open(&format!("t{t}"), each))
+            .collect();
+        let newest = listens.open("z");
+        assert!(
+            a[1].ended.is_cancelled(),
+            "a holds the most: its oldest gave way"
+        );
+        assert!(others.iter().all(|t| ended(t) == 0) && !newest.ended.is_cancelled());
+        drop((a, others, newest));
+        assert!(listens.0.lock().unwrap().by_tenant.is_empty(), "each left");
     }
 
     #[test]

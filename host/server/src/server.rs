@@ -41,7 +41,7 @@ use crate::bridges::{Disclosure, DisclosureConfig, TOOL_SEARCH};
 use crate::console;
 use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
-use crate::mcp::{Listings, McpServer, McpTenant};
+use crate::mcp::{Listens, Listings, McpServer, McpTenant};
 use crate::sessions::{Refused, SessionLimits, Sessions, StoredSessions};
 
 /// Every request but an upload.
@@ -70,6 +70,7 @@ struct App {
 struct Mcp {
     disclosure: Arc<Disclosure>,
     listings: Arc<Listings>,
+    listens: Arc<Listens>,
     config: StreamableHttpServerConfig,
     sessions: Arc<Sessions>,
     /// On a store that many nodes share, sessions are kept there too, for any node to
@@ -88,11 +89,12 @@ impl Mcp {
             config.session_store = Some(Arc::new(self.stored_sessions(host, tenant)));
         }
         let (host, disclosure) = (host.clone(), self.disclosure.clone());
-        let listings = self.listings.clone();
+        let (listings, listens) = (self.listings.clone(), self.listens.clone());
         StreamableHttpService::new(
             move || {
                 let (host, disclosure) = (host.clone(), disclosure.clone());
-                Ok(McpServer::http(host, disclosure, listings.clone()))
+                let (listings, listens) = (listings.clone(), listens.clone());
+                Ok(McpServer::http(host, disclosure, listings, listens))
             },
             self.sessions.manager(tenant),
             config,
@@ -148,6 +150,7 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
     let mcp = Mcp {
         disclosure: Arc::new(Disclosure::new(host.clone(), options.disclosure)),
         listings: Arc::default(),
+        listens: Arc::default(),
         config: StreamableHttpServerConfig::default()
             .with_cancellation_token(stopping.stopped)
             .with_max_request_body_bytes(MAX_REQUEST_BYTES)
