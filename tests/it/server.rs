@@ -921,8 +921,10 @@ fn serve_raises_its_descriptor_limit_to_the_hard_limit() {
     assert_eq!(soft, hard, "{line}");
 }
 
-/// A server on a free port with `limits` on its connections: its address and its task.
+/// A server of `host` on a free port with `limits` on its connections: its address and its
+/// task.
 async fn serve_with(
+    host: Arc<Host>,
     limits: toolhost_server::listener::ConnectionLimits,
 ) -> (
     std::net::SocketAddr,
@@ -935,7 +937,7 @@ async fn serve_with(
         ..Default::default()
     };
     let server = tokio::spawn(toolhost_server::serve(
-        api().await.host,
+        host,
         listener,
         options,
         std::future::pending(),
@@ -965,11 +967,14 @@ async fn closed_within(stream: &mut tokio::net::TcpStream, wait: Duration) -> bo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_and_one_address_cannot_take_them_all() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (addr, server) = serve_with(toolhost_server::listener::ConnectionLimits {
-        max_per_peer: 4,
-        header_timeout: Duration::from_millis(300),
-        ..Default::default()
-    })
+    let (addr, server) = serve_with(
+        api().await.host,
+        toolhost_server::listener::ConnectionLimits {
+            max_per_peer: 4,
+            header_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+    )
     .await;
     let from = |ip: &'static str| connect_from(ip, addr);
     let closed = |stream| closed_within(stream, Duration::from_secs(10));
@@ -1014,11 +1019,15 @@ async fn idle_connections_are_closed_and_one_address_cannot_take_them_all() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_connection_cap_the_busiest_address_makes_room_for_a_new_client() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (addr, server) = serve_with(toolhost_server::listener::ConnectionLimits {
-        max_connections: 4,
-        max_per_peer: 3,
-        header_timeout: Duration::from_secs(60),
-    })
+    let (addr, server) = serve_with(
+        api().await.host,
+        toolhost_server::listener::ConnectionLimits {
+            max_connections: 4,
+            max_per_peer: 3,
+            header_timeout: Duration::from_secs(60),
+            ..Default::default()
+        },
+    )
     .await;
     let from = |ip: &'static str| connect_from(ip, addr);
     let mut busiest = Vec::new();
@@ -1053,6 +1062,80 @@ async fn at_the_connection_cap_the_busiest_address_makes_room_for_a_new_client()
         !closed_within(&mut other, short).await,
         "the other address keeps its one"
     );
+    server.abort();
+}
+
+/// A connection serving a request never ended by itself when asked to make room at the cap
+/// (a body still arriving, an MCP event stream): it is now closed after its grace, and the
+/// new client gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_a_busy_connection_makes_room_within_its_grace() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let api = api().await;
+    let limits = toolhost_server::listener::ConnectionLimits {
+        max_connections: 2,
+        header_timeout: Duration::from_secs(60),
+        evicted_grace: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let (addr, server) = serve_with(api.host.clone(), limits).await;
+    // Two calls whose bodies are still on their way: each connection is serving a request.
+    let mut busy = Vec::new();
+    for ip in ["127.0.0.2", "127.0.0.2"] {
+        let mut stream = connect_from(ip, addr).await;
+        let head = format!(
+            "POST /v1/tools/none/call HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
+            api.acme
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        busy.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut newcomer = connect_from("127.0.0.3", addr).await;
+    newcomer
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        newcomer.read_to_string(&mut response),
+    );
+    read.await.expect("the newcomer is answered").unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response:?}");
+    assert!(closed_within(&mut busy[0], Duration::from_secs(1)).await);
+    server.abort();
+}
+
+/// A client that asks for large responses and never reads them held the connection and the
+/// responses in memory for as long as it liked: it is now closed once the client has taken
+/// nothing for `write_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_responses_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let limits = toolhost_server::listener::ConnectionLimits {
+        write_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let (addr, server) = serve_with(api().await.host, limits).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    // Far more than the server's socket buffer (4 MiB at most here) holds: its writes wait.
+    let requests = 200;
+    let one = b"GET /openapi.json HTTP/1.1\r\nHost: t\r\n\r\n";
+    stream.write_all(&one.repeat(requests)).await.unwrap();
+    // Not reading, past the write timeout; then what is left arrives, and no more.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut received));
+    let _ = read.await.expect("the server closed the connection");
+    let answered = received
+        .windows(15)
+        .filter(|w| w == b"HTTP/1.1 200 OK")
+        .count();
+    assert!(answered < requests, "{answered} of {requests} answered");
     server.abort();
 }
 

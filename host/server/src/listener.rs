@@ -1,22 +1,28 @@
 //! Accepting connections, with bounds that hold before any request is read: at most
 //! `max_connections` open (at the cap, the address holding the most gives up its oldest, so
-//! that a new client always gets in), at most `max_per_peer` from one address, and a
-//! connection that does not send a request's headers within `header_timeout` (a slow sender,
-//! or a kept-alive connection left idle) is closed. Without them anyone, with no key, could
-//! hold every file descriptor. The connections are hyper's, as under `axum::serve`, with its
-//! timer set.
+//! that a new client always gets in), at most `max_per_peer` from one address (an IPv6
+//! address counts by its /64, which one host is given whole), and a connection that does not
+//! send a request's headers within `header_timeout` (a slow sender, or a kept-alive
+//! connection left idle) is closed, as is one whose client takes no bytes of a response for
+//! `write_timeout`. Without them anyone, with no key, could hold every file descriptor, and a
+//! key's holder every response it never reads. The connections are hyper's, as under
+//! `axum::serve`, with its timer set.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::FutureExt;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_io_timeout::TimeoutWriter;
 
 /// Bounds on the HTTP listener's connections.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +34,13 @@ pub struct ConnectionLimits {
     /// For a request's headers to arrive, counted from the connection's start or the end
     /// of its previous response.
     pub header_timeout: Duration,
+    /// For the client to take more of a response once the socket's buffer is full: past it
+    /// the connection is closed, and the response (up to a call's result, or an MCP stream)
+    /// is freed.
+    pub write_timeout: Duration,
+    /// For a connection asked to make room at the cap to end the request it is serving
+    /// (an MCP event stream never ends by itself) before it is closed anyway.
+    pub evicted_grace: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -36,6 +49,8 @@ impl Default for ConnectionLimits {
             max_connections: 4096,
             max_per_peer: 256,
             header_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            evicted_grace: Duration::from_secs(5),
         }
     }
 }
@@ -72,8 +87,9 @@ pub async fn serve_connections(
                 continue;
             }
         };
+        let peer = peer_of(peer.ip());
         // Over its address's share: closed at once.
-        let Some(slot) = peers.enter(peer.ip(), limits.max_per_peer) else {
+        let Some(slot) = peers.enter(peer, limits.max_per_peer) else {
             continue;
         };
         // At the cap, the address holding the most connections gives one up, so that holding
@@ -94,12 +110,15 @@ pub async fn serve_connections(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "TCP_NODELAY not set");
         }
+        let mut stream = TimeoutWriter::new(stream);
+        stream.set_timeout(Some(limits.write_timeout));
         let service = TowerToHyperService::new(app.clone());
-        let connection = http.serve_connection(TokioIo::new(stream), service);
-        let close = live.enter(peer.ip());
+        let connection = http.serve_connection(TokioIo::new(Box::pin(stream)), service);
+        let close = live.enter(peer);
         let stopped = stopped.clone();
+        let grace = limits.evicted_grace;
         tokio::spawn(async move {
-            serve_until_closed(connection, &close, stopped).await;
+            serve_until_closed(connection, &close, stopped, grace).await;
             drop((permit, slot, close));
         });
     }
@@ -111,35 +130,56 @@ pub async fn serve_connections(
     Ok(())
 }
 
-/// Serves one connection to its end; asked to close (the cap, or the server stopping), it
-/// closes at once if idle, else after the request it is serving.
+/// One accepted connection, as hyper serves it.
+type Connection = hyper::server::conn::http1::Connection<
+    TokioIo<Pin<Box<TimeoutWriter<tokio::net::TcpStream>>>>,
+    TowerToHyperService<Router>,
+>;
+
+/// Serves one connection to its end. When the server stops, it closes at once if idle, else
+/// after the request it is serving; asked to make room at the cap, the same, but within
+/// `grace`.
 async fn serve_until_closed(
-    connection: hyper::server::conn::http1::Connection<
-        TokioIo<tokio::net::TcpStream>,
-        TowerToHyperService<Router>,
-    >,
+    connection: Connection,
     close: &LiveEntry,
     mut stopped: tokio::sync::watch::Receiver<bool>,
+    grace: Duration,
 ) {
     tokio::pin!(connection);
-    let asked = async {
-        tokio::select! {
-            () = close.asked() => {}
-            _ = stopped.wait_for(|&stop| stop) => {}
-        }
-    };
-    tokio::pin!(asked);
+    // Each fused: once it has happened, it is not waited for again.
+    let mut evicted = std::pin::pin!(close.asked().fuse());
+    let mut stopping = std::pin::pin!(stopped.wait_for(|&stop| stop).fuse());
+    let mut deadline = std::pin::pin!(futures::future::Fuse::terminated());
     let mut closing = false;
     loop {
         tokio::select! {
             // A failed or timed-out connection is the client's affair.
-            _ = connection.as_mut() => break,
-            () = &mut asked, if !closing => {
-                // At once if idle, else after the request it is serving.
-                closing = true;
-                connection.as_mut().graceful_shutdown();
+            _ = connection.as_mut() => return,
+            () = &mut evicted => {
+                deadline.set(tokio::time::sleep(grace).fuse());
             }
+            _ = &mut stopping => {}
+            () = &mut deadline => return,
         }
+        if !closing {
+            closing = true;
+            connection.as_mut().graceful_shutdown();
+        }
+    }
+}
+
+/// The address a connection counts under: an IPv6 address by its /64 (a host is commonly
+/// given a whole /64, so its addresses are one peer), an IPv4 one as it is.
+fn peer_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(Ipv6Addr::from(prefix))
+            }
+        },
+        v4 => v4,
     }
 }
 
@@ -254,5 +294,20 @@ impl Drop for PeerSlot {
                 counts.remove(&self.ip);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_peer_counts_by_its_64_and_a_mapped_ipv4_one_as_ipv4() {
+        let peer = |ip: &str| peer_of(ip.parse().unwrap());
+        assert_eq!(peer("2001:db8:1:2:aaaa::1"), peer("2001:db8:1:2:bbbb::9"));
+        assert_eq!(peer("2001:db8:1:2::1").to_string(), "2001:db8:1:2::");
+        assert_ne!(peer("2001:db8:1:2::1"), peer("2001:db8:1:3::1"));
+        assert_eq!(peer("::ffff:10.0.0.1"), peer("10.0.0.1"));
+        assert_ne!(peer("10.0.0.1"), peer("10.0.0.2"));
     }
 }
