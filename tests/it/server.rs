@@ -1347,6 +1347,26 @@ async fn a_session_watches_its_tenants_tools_once_however_often_it_says_initiali
     );
 }
 
+/// An unknown tool's name or a bad cursor was quoted back whole in the error, which rmcp also
+/// logs: a megabyte of log for each request a client liked to send. Only their start is.
+#[tokio::test]
+async fn mcp_errors_quote_only_the_start_of_what_the_client_sent() {
+    let api = api().await;
+    let router = router(api.host.clone(), session_caps(10, 10));
+    let initialize = initialize_message("long");
+    let (_, session, _) = mcp_send(&router, "POST", &api.acme, None, initialize).await;
+    let long = "x".repeat(100_000);
+    for (method, params) in [
+        ("tools/call", json!({"name": long, "arguments": {}})),
+        ("tools/list", json!({"cursor": long})),
+    ] {
+        let request = json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": params});
+        let (_, _, body) = mcp_send(&router, "POST", &api.acme, session.as_deref(), request).await;
+        assert!(body.contains("-32602"), "{method}: {body}");
+        assert!(body.len() < 1000, "{method}: {} bytes", body.len());
+    }
+}
+
 /// hyper drops a request's future when its client goes. An `initialize` dropped while rmcp
 /// answers it still has the session rmcp opened counted under the caps: it was not, so a
 /// client that hung up at that moment opened sessions past them.

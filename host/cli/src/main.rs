@@ -266,9 +266,13 @@ fn main() -> ExitCode {
     let mut limit = rustix::process::getrlimit(descriptors);
     limit.current = limit.maximum;
     let _ = rustix::process::setrlimit(descriptors, limit);
+    // rmcp warns of each request it answers with an error, quoting the client's request id:
+    // the client's doing, and as long as a client likes, so only its errors by default.
+    let default_filter = || "warn,rmcp=error".into();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter()),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -182,10 +182,11 @@ impl Pipeline {
         }
         self.metrics
             .record_call(outcome.code(), outcome.duration, outcome.retries);
-        // Every field always present (0 when it does not apply), so queries need no cases.
+        // Every field always present (0 when it does not apply), so queries need no cases. The
+        // name is the caller's, also when no tool has it: only its start is logged.
         tracing::info!(
             tenant,
-            tool = outcome.tool,
+            tool = truncate(&outcome.tool, 128),
             version = version.unwrap_or(0),
             call_id = outcome.call_id,
             outcome = outcome.code(),

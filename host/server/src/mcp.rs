@@ -288,6 +288,8 @@ impl ServerHandler for McpServer {
         let start = match request.and_then(|r| r.cursor) {
             None => 0,
             Some(cursor) => cursor.parse::<usize>().map_err(|_| {
+                // The client's text, quoted back (and logged by rmcp) only in part.
+                let cursor: String = cursor.chars().take(64).collect();
                 ErrorData::invalid_params(format!("invalid cursor `{cursor}`"), None)
             })?,
         };
@@ -324,6 +326,7 @@ impl ServerHandler for McpServer {
         let bridge = [TOOL_SEARCH, TOOL_DESCRIBE, TOOL_CALL].contains(&name.as_str())
             && (self.listing(&tenant)?.tools.iter()).any(|tool| tool.name == name);
         if !visible && !bridge {
+            let name: String = name.chars().take(128).collect();
             return Err(ErrorData::invalid_params(
                 format!("no tool named `{name}`"),
                 None,

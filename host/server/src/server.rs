@@ -505,6 +505,8 @@ fn check_origin(headers: &axum::http::HeaderMap, allowed: &[String]) -> Result<(
     if own || allowed.iter().any(|a| a.eq_ignore_ascii_case(origin)) {
         return Ok(());
     }
+    // Before any key is checked: the log holds only the start of what anyone sent.
+    let origin: String = origin.chars().take(256).collect();
     tracing::warn!(origin, "refused an MCP request from another origin");
     Err(ApiError::new(
         StatusCode::FORBIDDEN,
