@@ -153,15 +153,20 @@ impl Approvals {
         }
         let _writing = self.writing.lock().await;
         let now = now_ms();
-        let expired: Vec<(String, String)> = (self.lock().iter())
-            .flat_map(|(tenant, held)| held.iter().map(move |(id, held)| (tenant, id, held)))
-            .filter(|(_, _, held)| expired(&held.call, now))
-            .map(|(tenant, id, _)| (tenant.clone(), id.clone()))
-            .collect();
-        for (tenant, id) in expired {
+        // Only the tenant's own: another tenant's thousand expired calls are not this call's
+        // to remove (a reload drops them).
+        let tenant = &caller.tenant;
+        let expired: Vec<String> = match self.lock().get(tenant) {
+            Some(of_tenant) => (of_tenant.iter())
+                .filter(|(_, held)| expired(&held.call, now))
+                .map(|(id, _)| id.clone())
+                .collect(),
+            None => Vec::new(),
+        };
+        for id in expired {
             // Dropped from memory only once the store has let go, so the two stay the same.
             self.store.held_call_remove(&id).await?;
-            self.forget(&tenant, &id);
+            self.forget(tenant, &id);
         }
         let held = Held::new(HeldCall {
             caller: caller.clone(),
@@ -319,6 +324,37 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(approvals.list("acme").len() as u64, held);
+    }
+
+    /// A hold removed every tenant's expired calls, one store write each, holding the lock
+    /// every hold takes: a tenant's thousand expired calls slowed another's next hold.
+    #[tokio::test]
+    async fn a_hold_removes_only_its_own_tenants_expired_calls() {
+        let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
+        let approvals = Approvals::load(store.clone()).await.unwrap();
+        let stale = HeldCall {
+            caller: Caller::tenant("acme"),
+            tool: "wire_money".into(),
+            args: Value::Null,
+            held_at_ms: now_ms() - PENDING_TTL.as_millis() as u64 - 1,
+        };
+        store.held_call_put("stale", &stale).await.unwrap();
+        let of_acme = HashMap::from([("stale".to_owned(), Held::new(stale))]);
+        approvals.lock().insert("acme".into(), of_acme);
+        let stored = async || -> Vec<String> {
+            let held = store.held_calls().await.unwrap();
+            let mut ids: Vec<String> = held.into_iter().map(|(id, _)| id).collect();
+            ids.sort();
+            ids
+        };
+        let (acme, globex) = (Caller::tenant("acme"), Caller::tenant("globex"));
+        approvals
+            .hold("g", &globex, "wire", json!({}))
+            .await
+            .unwrap();
+        assert_eq!(stored().await, ["g", "stale"], "not globex's to remove");
+        approvals.hold("a", &acme, "wire", json!({})).await.unwrap();
+        assert_eq!(stored().await, ["a", "g"]);
     }
 
     #[tokio::test]

@@ -54,12 +54,37 @@ pub(crate) fn follow(
                 },
                 _ = every.tick() => Change::Resync,
             };
-            if let Err(error) = apply(&cached, &change).await {
-                // The next notice or re-sync tries again; meanwhile memory serves.
-                tracing::warn!(%error, ?change, "another node's change not applied yet");
+            for change in with_those_waiting(change, &mut changes) {
+                if let Err(error) = apply(&cached, &change).await {
+                    // The next notice or re-sync tries again; meanwhile memory serves.
+                    tracing::warn!(%error, ?change, "another node's change not applied yet");
+                }
             }
         }
     }))
+}
+
+/// The most notices applied as one batch.
+const MAX_BATCH: usize = 1024;
+
+/// `first` and the notices already waiting behind it, each re-read once: a tenant that holds
+/// and rejects calls in a loop on one node sent every other node to read every tenant's held
+/// calls once per notice, while they queued; now once per batch. Notices that wake durable
+/// workers are kept, one per call.
+fn with_those_waiting(first: Change, changes: &mut broadcast::Receiver<Change>) -> Vec<Change> {
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        let next = match changes.try_recv() {
+            Ok(next) => next,
+            Err(broadcast::error::TryRecvError::Lagged(_)) => Change::Resync,
+            Err(_) => break,
+        };
+        let rereads = !matches!(next, Change::Calls | Change::CallEnded);
+        if !(rereads && batch.contains(&next)) {
+            batch.push(next);
+        }
+    }
+    batch
 }
 
 async fn apply(
@@ -107,4 +132,38 @@ pub(crate) fn heartbeat(pipeline: &Arc<Pipeline>) -> Following {
             tokio::time::sleep(HEARTBEAT).await;
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_notices_are_read_once_each_but_each_durable_call_wakes_a_worker() {
+        let (send, mut changes) = broadcast::channel(64);
+        let tools = |tenant: &str| Change::Tools {
+            tenant: tenant.into(),
+        };
+        for change in [
+            Change::HeldCalls,
+            tools("a"),
+            Change::Calls,
+            Change::HeldCalls,
+            tools("b"),
+            tools("a"),
+            Change::Calls,
+        ] {
+            send.send(change).unwrap();
+        }
+        let batch = with_those_waiting(Change::HeldCalls, &mut changes);
+        let expected = [
+            Change::HeldCalls,
+            tools("a"),
+            Change::Calls,
+            tools("b"),
+            Change::Calls,
+        ];
+        assert_eq!(batch, expected);
+        assert!(changes.try_recv().is_err(), "all were taken");
+    }
 }
