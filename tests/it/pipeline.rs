@@ -816,3 +816,53 @@ async fn a_tenant_flooding_durable_calls_is_capped_and_another_is_served() {
         .unwrap();
     assert_eq!(done.status, "done", "{done:?}");
 }
+
+/// A configuration write and a durable submit each count the tenant's keys or calls and then
+/// write: concurrent ones all passed one count, past the bound. Each tenant's now go one at a
+/// time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_stay_within_the_tenants_bounds() {
+    let config = HostConfig {
+        durable: toolhost::DurableConfig {
+            workers: 0,
+            ..Default::default()
+        },
+        ..crate::plugins::config()
+    };
+    let host = Arc::new(Host::open(config).await.unwrap());
+    host.install("acme", crate::plugins::plugin("probe"))
+        .await
+        .unwrap();
+    let writes = toolhost::MAX_CONFIG_KEYS + 64;
+    let set: Vec<_> = (0..writes)
+        .map(|n| {
+            let host = host.clone();
+            tokio::spawn(async move { host.set_config("acme", &format!("K{n}"), "v", false).await })
+        })
+        .collect();
+    let mut set_ok = 0;
+    for write in set {
+        set_ok += write.await.unwrap().is_ok() as usize;
+    }
+    assert_eq!(set_ok, toolhost::MAX_CONFIG_KEYS);
+    assert_eq!(
+        host.config("acme").await.unwrap().len(),
+        toolhost::MAX_CONFIG_KEYS
+    );
+
+    let submits = toolhost::MAX_UNENDED_PER_TENANT + 64;
+    let submitted: Vec<_> = (0..submits)
+        .map(|_| {
+            let host = host.clone();
+            tokio::spawn(async move {
+                let args = json!({"ms": 1});
+                host.submit(&Caller::tenant("acme"), "nap", args).await
+            })
+        })
+        .collect();
+    let mut queued = 0;
+    for submit in submitted {
+        queued += submit.await.unwrap().is_ok() as usize;
+    }
+    assert_eq!(queued, toolhost::MAX_UNENDED_PER_TENANT);
+}

@@ -31,6 +31,9 @@ pub const MAX_DURABLE_WAITS: usize = 256;
 pub const MAX_DURABLE_WAITS_PER_TENANT: usize = 16;
 static WAITS: LazyLock<Places> =
     LazyLock::new(|| Places::new(MAX_DURABLE_WAITS, MAX_DURABLE_WAITS_PER_TENANT));
+/// Submits in the process at once, one per tenant: a submit counts the tenant's unended
+/// calls and then writes, so a tenant's concurrent submits would all pass one count.
+static SUBMITS: LazyLock<Places> = LazyLock::new(|| Places::new(8, 1));
 /// Ended calls are kept this long for their callers to read, then forgotten.
 const KEEP_ENDED: Duration = Duration::from_secs(24 * 3600);
 /// On a shared store, idle workers look for work this often even unwoken: another node's
@@ -295,6 +298,7 @@ impl Pipeline {
         let unavailable = |error: StoreError| CallError::StorageUnavailable {
             message: format!("the call was not queued: {error}"),
         };
+        let _submitting = SUBMITS.take(&caller.tenant).await;
         let unended = self
             .store
             .durable_unfinished(&caller.tenant)

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+use toolhost_sandbox::places::Places;
 use toolhost_spec::access::Role;
 use toolhost_spec::digest::{hex, sha256_hex};
 use toolhost_spec::policy::TenantPolicy;
@@ -36,6 +37,9 @@ pub(crate) struct Tenants {
     /// Bumped whenever what memory holds is forgotten or replaced: a read that began before
     /// is not cached (it could put back a revoked key or an old policy).
     forgotten: AtomicU64,
+    /// Configuration writes at once, one per tenant: a write counts the tenant's keys and
+    /// then writes, so a tenant's concurrent writes would all pass one count.
+    config_writes: Places,
 }
 
 /// Keys remembered; past it, the least used are read from the store again.
@@ -49,6 +53,7 @@ impl Tenants {
             default_policy: Arc::new(default_policy),
             keys: quick_cache::sync::Cache::new(KEYS_CACHED),
             forgotten: AtomicU64::new(0),
+            config_writes: Places::new(4, 1),
         }
     }
 
@@ -65,6 +70,7 @@ impl Tenants {
         if value.len() > MAX_CONFIG_VALUE_BYTES {
             return Err(ManageError::ConfigValue(value.len()));
         }
+        let _writing = self.config_writes.take(tenant).await;
         let keys = self.store.config_keys(tenant).await?;
         if keys.len() >= MAX_CONFIG_KEYS && !keys.iter().any(|k| k == key) {
             return Err(ManageError::TooManyConfigKeys(key.to_owned()));
