@@ -270,7 +270,18 @@ impl AdminCommand {
 /// definition by a leading `{`, else a component.
 async fn install(host: &Host, tenant: &str, file: &Path) -> Result<Vec<ToolSpec>, AdminReply> {
     let named = |e: &dyn std::fmt::Display| AdminReply::Failed(format!("{}: {e}", file.display()));
-    let bytes = std::fs::read(file).map_err(|e| named(&e))?;
+    // Read off the async workers (under `toolhost mcp` there is one), and no more than any
+    // component may be.
+    let limit = host.max_component_bytes() as u64;
+    let size = (tokio::fs::metadata(file).await)
+        .map_err(|e| named(&e))?
+        .len();
+    if size > limit {
+        return Err(named(&format!(
+            "{size} bytes, over the {limit} a tool may be"
+        )));
+    }
+    let bytes = tokio::fs::read(file).await.map_err(|e| named(&e))?;
     let refused = |error: InstallError| match error {
         InstallError::Store(_) | InstallError::Admission { .. } => {
             AdminReply::Unavailable(error.to_string())
@@ -309,11 +320,16 @@ pub async fn serve(host: Arc<Host>, data_dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// How long a command may take to arrive.
+const COMMAND_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn answer(host: &Host, stream: UnixStream) -> std::io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES as u64));
-    reader.read_line(&mut line).await?;
+    // A client that connects and sends nothing holds a task no longer than this.
+    let read = tokio::time::timeout(COMMAND_READ_TIMEOUT, reader.read_line(&mut line)).await;
+    read.map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
     let reply = match serde_json::from_str::<AdminCommand>(&line) {
         Ok(command) => command.execute(host).await,
         Err(e) => AdminReply::Failed(format!("not an admin command: {e}")),
@@ -359,6 +375,27 @@ fn human_bytes(bytes: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A file past the component limit was read whole into memory before the install refused
+    /// it.
+    #[tokio::test]
+    async fn a_file_larger_than_any_tool_may_be_is_not_read() {
+        let sandbox = toolhost::SandboxConfig {
+            max_component_bytes: 1024,
+            ..Default::default()
+        };
+        let config = toolhost::HostConfig {
+            sandbox,
+            ..Default::default()
+        };
+        let host = toolhost::Host::open(config).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("big.wasm");
+        std::fs::write(&file, vec![0u8; 1025]).unwrap();
+        let refused = super::install(&host, "acme", &file).await.err().unwrap();
+        let message = format!("{refused:?}");
+        assert!(message.contains("1025 bytes, over the 1024"), "{message}");
+    }
+
     #[test]
     fn timestamps_are_rfc3339_in_utc() {
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
