@@ -67,10 +67,11 @@ impl Bodies {
 async fn read_within(body: Body, limit: usize, room: &Arc<Semaphore>) -> Result<Bytes, BodyError> {
     let mut stream = body.into_data_stream();
     let mut held: Option<OwnedSemaphorePermit> = None;
-    let mut read = Vec::new();
+    let (mut chunks, mut read) = (Vec::new(), 0);
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|error| BodyError::Failed(error.to_string()))?;
-        if read.len() + chunk.len() > limit {
+        read += chunk.len();
+        if read > limit {
             return Err(BodyError::TooLarge(limit));
         }
         // Within `limit`, which is far below u32::MAX.
@@ -80,20 +81,22 @@ async fn read_within(body: Body, limit: usize, room: &Arc<Semaphore>) -> Result<
             Some(held) => held.merge(more),
             None => held = Some(more),
         }
-        read.extend_from_slice(&chunk);
+        chunks.push(chunk);
     }
-    Ok(match held {
-        Some(held) => Bytes::from_owner(Held {
-            bytes: read,
-            _held: held,
-        }),
-        None => Bytes::new(),
-    })
+    let Some(held) = held else {
+        return Ok(Bytes::new());
+    };
+    // Most bodies arrive as one chunk: kept as it came, not copied.
+    let bytes = match <[Bytes; 1]>::try_from(chunks) {
+        Ok([one]) => one,
+        Err(chunks) => Bytes::from(chunks.concat()),
+    };
+    Ok(Bytes::from_owner(Held { bytes, _held: held }))
 }
 
 /// A body's bytes with the tenant's room they take, given back when the last copy drops.
 struct Held {
-    bytes: Vec<u8>,
+    bytes: Bytes,
     _held: OwnedSemaphorePermit,
 }
 
