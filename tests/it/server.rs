@@ -954,6 +954,17 @@ async fn connect_from(ip: &str, addr: std::net::SocketAddr) -> tokio::net::TcpSt
     socket.connect(addr).await.unwrap()
 }
 
+/// The answer to `GET /healthz` on `stream`, which must come within `wait`.
+async fn healthz_within(stream: &mut tokio::net::TcpStream, wait: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    stream.write_all(request).await.unwrap();
+    let mut response = String::new();
+    let read = tokio::time::timeout(wait, stream.read_to_string(&mut response));
+    read.await.expect("answered in time").unwrap();
+    response
+}
+
 /// Whether the server has closed `stream` (EOF or reset) within `wait`.
 async fn closed_within(stream: &mut tokio::net::TcpStream, wait: Duration) -> bool {
     use tokio::io::AsyncReadExt;
@@ -1018,7 +1029,6 @@ async fn idle_connections_are_closed_and_one_address_cannot_take_them_all() {
 /// most gives up its oldest (at once, as it is idle), and the new client is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_connection_cap_the_busiest_address_makes_room_for_a_new_client() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (addr, server) = serve_with(
         api().await.host,
         toolhost_server::listener::ConnectionLimits {
@@ -1037,17 +1047,7 @@ async fn at_the_connection_cap_the_busiest_address_makes_room_for_a_new_client()
     let mut other = from("127.0.0.3").await;
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let mut newcomer = from("127.0.0.4").await;
-    newcomer
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    let read = tokio::time::timeout(
-        Duration::from_secs(5),
-        newcomer.read_to_string(&mut response),
-    );
-    read.await.expect("the newcomer is answered").unwrap();
+    let response = healthz_within(&mut from("127.0.0.4").await, Duration::from_secs(5)).await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
 
     let short = Duration::from_millis(300);
@@ -1070,7 +1070,7 @@ async fn at_the_connection_cap_the_busiest_address_makes_room_for_a_new_client()
 /// new client gets in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_cap_a_busy_connection_makes_room_within_its_grace() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let api = api().await;
     let limits = toolhost_server::listener::ConnectionLimits {
         max_connections: 2,
@@ -1093,16 +1093,7 @@ async fn at_the_cap_a_busy_connection_makes_room_within_its_grace() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut newcomer = connect_from("127.0.0.3", addr).await;
-    newcomer
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    let read = tokio::time::timeout(
-        Duration::from_secs(5),
-        newcomer.read_to_string(&mut response),
-    );
-    read.await.expect("the newcomer is answered").unwrap();
+    let response = healthz_within(&mut newcomer, Duration::from_secs(5)).await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response:?}");
     assert!(closed_within(&mut busy[0], Duration::from_secs(1)).await);
     server.abort();

@@ -1373,17 +1373,17 @@ mod tests {
             .header(header::CONTENT_TYPE, "application/json")
             .body(body)
             .unwrap();
+        status_and_code(router, request).await
+    }
+
+    /// `request`'s answer: its status and error code.
+    async fn status_and_code(router: &Router, request: Request) -> (StatusCode, String) {
         let response = router.clone().oneshot(request).await.unwrap();
         let status = response.status();
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let body: Value = serde_json::from_slice(&body).unwrap_or_default();
-        (
-            status,
-            body["error"]["code"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        )
+        let code = body["error"]["code"].as_str().unwrap_or_default();
+        (status, code.to_owned())
     }
 
     #[tokio::test]
@@ -1445,12 +1445,7 @@ mod tests {
             .header(header::AUTHORIZATION, format!("Bearer {key}"))
             .body(body)
             .unwrap();
-        let response = router.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        let body: Value = serde_json::from_slice(&body).unwrap_or_default();
-        let code = body["error"]["code"].as_str().unwrap_or_default();
-        (status, code.to_owned())
+        status_and_code(router, request).await
     }
 
     #[tokio::test]
