@@ -58,9 +58,13 @@ impl Bodies {
 
     fn of_tenant(&self, tenant: &str) -> Arc<Semaphore> {
         let mut tenants = self.by_tenant.lock().unwrap_or_else(|p| p.into_inner());
-        (tenants.entry(tenant.to_owned()))
-            .or_insert_with(|| Arc::new(Semaphore::new(MAX_BODY_BYTES_PER_TENANT)))
-            .clone()
+        // Every request passes here: no allocation for a tenant already known.
+        if let Some(room) = tenants.get(tenant) {
+            return room.clone();
+        }
+        let room = Arc::new(Semaphore::new(MAX_BODY_BYTES_PER_TENANT));
+        tenants.insert(tenant.to_owned(), room.clone());
+        room
     }
 }
 
