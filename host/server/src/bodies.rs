@@ -5,13 +5,14 @@
 //! key's holder could trickle bodies on thousands of connections without end, or hold
 //! gigabytes of them; the listener's bounds count connections, not bytes.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::per_tenant::TenantSemaphores;
 
 /// The longest a request's body may take to arrive.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -20,9 +21,12 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_BODY_BYTES_PER_TENANT: usize = 64 << 20;
 
 /// Each tenant's bytes of request bodies.
-#[derive(Default)]
-pub(crate) struct Bodies {
-    by_tenant: Mutex<HashMap<String, Arc<Semaphore>>>,
+pub(crate) struct Bodies(TenantSemaphores);
+
+impl Default for Bodies {
+    fn default() -> Self {
+        Bodies(TenantSemaphores::new(MAX_BODY_BYTES_PER_TENANT))
+    }
 }
 
 /// Why a body was not read.
@@ -49,22 +53,11 @@ impl Bodies {
         body: Body,
         limit: usize,
     ) -> Result<Bytes, BodyError> {
-        let room = self.of_tenant(tenant);
+        let room = self.0.of(tenant);
         let read = read_within(body, limit, &room);
         tokio::time::timeout(BODY_READ_TIMEOUT, read)
             .await
             .map_err(|_| BodyError::Timeout)?
-    }
-
-    fn of_tenant(&self, tenant: &str) -> Arc<Semaphore> {
-        let mut tenants = self.by_tenant.lock().unwrap_or_else(|p| p.into_inner());
-        // Every request passes here: no allocation for a tenant already known.
-        if let Some(room) = tenants.get(tenant) {
-            return room.clone();
-        }
-        let room = Arc::new(Semaphore::new(MAX_BODY_BYTES_PER_TENANT));
-        tenants.insert(tenant.to_owned(), room.clone());
-        room
     }
 }
 
@@ -115,7 +108,7 @@ mod tests {
     use super::*;
 
     fn available(bodies: &Bodies, tenant: &str) -> usize {
-        bodies.of_tenant(tenant).available_permits()
+        bodies.0.of(tenant).available_permits()
     }
 
     #[tokio::test]

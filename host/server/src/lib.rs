@@ -14,6 +14,7 @@ mod console;
 pub mod events;
 pub mod listener;
 pub mod mcp;
+mod per_tenant;
 pub mod server;
 pub mod sessions;
 #[cfg(test)]

@@ -42,6 +42,7 @@ use crate::console;
 use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
 use crate::mcp::{Listens, Listings, McpServer, McpTenant};
+use crate::per_tenant::TenantSemaphores;
 use crate::sessions::{Refused, SessionLimits, Sessions, StoredSessions};
 
 /// Every request but an upload.
@@ -63,6 +64,8 @@ struct App {
     uploads: Arc<Places>,
     /// Each tenant's request bodies in memory.
     bodies: Arc<Bodies>,
+    /// Each tenant's requests in flight on the routes without a bound of their own.
+    requests: Arc<TenantSemaphores>,
 }
 
 /// What `/mcp` serves each tenant with: rmcp's Streamable HTTP service over that tenant's
@@ -169,11 +172,12 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
         draining: stopping.draining,
         uploads: Arc::new(Places::new(MAX_UPLOADS, MAX_UPLOADS_PER_TENANT)),
         bodies: Arc::default(),
+        requests: Arc::new(TenantSemaphores::new(MAX_REQUESTS_PER_TENANT)),
     };
-    Router::new()
-        .route("/mcp", any(mcp_request))
-        .route("/healthz", get(healthz))
-        .route("/openapi.json", get(openapi))
+    // Routes that no bound of their own covers: each tenant's requests to them go a few at
+    // a time. Calls, durable waits and approvals (which run a call) pass their own.
+    let within_requests = axum::middleware::from_fn_with_state(app.clone(), within_requests);
+    let managing = Router::new()
         .route(
             "/v1/tools",
             get(list)
@@ -183,11 +187,9 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
         .route("/v1/tools/{name}", get(describe).delete(remove))
         .route("/v1/tools/{name}/versions", get(versions))
         .route("/v1/tools/{name}/rollback", post(rollback))
-        .route("/v1/tools/{name}/call", post(call))
         .route("/v1/whoami", get(whoami))
         .route("/v1/search", get(search))
         .route("/v1/calls", get(recent_calls))
-        .route("/v1/calls/{call_id}", get(durable_call))
         .route("/v1/stats", get(stats))
         .route("/v1/export", get(export))
         .route("/v1/policy", get(policy))
@@ -195,9 +197,17 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
         .route("/v1/config", get(config_list))
         .route("/v1/config/{key}", put(config_set).delete(config_remove))
         .route("/v1/approvals", get(approvals))
-        .route("/v1/approvals/{call_id}/approve", post(approve))
         .route("/v1/approvals/{call_id}/reject", post(reject))
+        .route_layer(within_requests);
+    Router::new()
+        .route("/mcp", any(mcp_request))
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi))
+        .route("/v1/tools/{name}/call", post(call))
+        .route("/v1/calls/{call_id}", get(durable_call))
+        .route("/v1/approvals/{call_id}/approve", post(approve))
         .route("/metrics", get(metrics))
+        .merge(managing)
         .fallback(
             |method: axum::http::Method, uri: axum::http::Uri| async move {
                 console::file(&method, &uri).unwrap_or_else(|| {
@@ -691,18 +701,60 @@ impl FromRequestParts<App> for Key {
                 "missing or invalid API key: send `Authorization: Bearer <key>`",
             )
         };
-        let key = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(unauthorized)?;
-        match app.host.authenticate(key.trim()).await {
+        // Already found by `within_requests`.
+        if let Some(record) = parts.extensions.get::<KeyRecord>() {
+            return Ok(Key(record.clone()));
+        }
+        let key = bearer(&parts.headers).ok_or_else(unauthorized)?;
+        match app.host.authenticate(key).await {
             Ok(Some(record)) => Ok(Key(record)),
             Ok(None) => Err(unauthorized()),
             Err(error) => Err(ApiError::internal(error)),
         }
     }
+}
+
+/// Requests one tenant has in flight on the routes without a bound of their own (listing,
+/// export, usage, search, configuration, ...): each may build megabytes of JSON or read the
+/// store, and without it 256 connections from each address could do so at once.
+const MAX_REQUESTS_PER_TENANT: usize = 4;
+/// How long such a request waits for one of its tenant's to end.
+const REQUEST_WAIT: Duration = Duration::from_secs(10);
+
+/// Holds one of the key's tenant's request places while the request is answered; the key, once
+/// known, is left for [`Key`]. A request without a valid key passes on to be refused.
+async fn within_requests(
+    State(app): State<App>,
+    mut request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let key = bearer(request.headers()).map(str::to_owned);
+    let record = match key {
+        Some(key) => app.host.authenticate(&key).await.ok().flatten(),
+        None => None,
+    };
+    let Some(record) = record else {
+        return next.run(request).await;
+    };
+    let requests = app.requests.of(&record.tenant);
+    request.extensions_mut().insert(record);
+    match tokio::time::timeout(REQUEST_WAIT, requests.acquire_owned()).await {
+        Ok(Ok(_place)) => next.run(request).await,
+        _ => {
+            let message = format!(
+                "this tenant already has {MAX_REQUESTS_PER_TENANT} requests in flight on such \
+                 routes, for {} s: retry when one ends",
+                REQUEST_WAIT.as_secs()
+            );
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message).into_response()
+        }
+    }
+}
+
+/// The key in `Authorization: Bearer <key>`.
+fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    Some(value.strip_prefix("Bearer ")?.trim())
 }
 
 /// A JSON body, with every failure in the API's error shape; an empty body is `{}`.
@@ -1464,16 +1516,7 @@ mod tests {
         for _ in 0..crate::bodies::MAX_BODY_BYTES_PER_TENANT / MAX_REQUEST_BYTES {
             let (router, acme) = (router.clone(), acme.clone());
             let (read, first_chunk_read) = tokio::sync::oneshot::channel();
-            let mut state = (Some(Bytes::from(vec![b' '; MAX_REQUEST_BYTES])), Some(read));
-            let body = Body::from_stream(futures::stream::poll_fn(move |_| {
-                if let Some(chunk) = state.0.take() {
-                    return std::task::Poll::Ready(Some(Ok::<_, std::io::Error>(chunk)));
-                }
-                if let Some(read) = state.1.take() {
-                    let _ = read.send(());
-                }
-                std::task::Poll::Pending
-            }));
+            let body = stalled_body(Bytes::from(vec![b' '; MAX_REQUEST_BYTES]), read);
             stalled.push(tokio::spawn(async move {
                 call_with(&router, &acme, "weather", body).await
             }));
@@ -1514,6 +1557,70 @@ mod tests {
         tokio::time::resume();
         let read = call_with(&router, &acme, "none", small()).await;
         assert_eq!(read.0, StatusCode::NOT_FOUND, "acme's bytes are back");
+    }
+
+    /// A body that sends `first` and then nothing, as a stream; `read` is told when the server
+    /// asks for more.
+    fn stalled_body(first: Bytes, read: tokio::sync::oneshot::Sender<()>) -> Body {
+        let mut state = (Some(first), Some(read));
+        Body::from_stream(futures::stream::poll_fn(move |_| {
+            if let Some(chunk) = state.0.take() {
+                return std::task::Poll::Ready(Some(Ok::<_, std::io::Error>(chunk)));
+            }
+            if let Some(read) = state.1.take() {
+                let _ = read.send(());
+            }
+            std::task::Poll::Pending
+        }))
+    }
+
+    #[tokio::test]
+    async fn a_tenants_requests_on_unbounded_routes_go_a_few_at_a_time() {
+        let host = host_where_acme_has_a_tool().await;
+        let mut keys = Vec::new();
+        for tenant in ["acme", "globex"] {
+            host.create_tenant(tenant).await.unwrap();
+            let key = host.create_key(tenant, toolhost::Role::Admin).await;
+            keys.push(key.unwrap().secret);
+        }
+        let (acme, globex) = (keys[0].clone(), keys[1].clone());
+        let router = router(host, Default::default());
+        // Configuration writes whose bodies stop arriving: each holds one of acme's places.
+        let mut stalled = Vec::new();
+        for n in 0..MAX_REQUESTS_PER_TENANT {
+            let (read, first_byte_read) = tokio::sync::oneshot::channel();
+            let request = Request::put(format!("/v1/config/K{n}"))
+                .header(header::AUTHORIZATION, format!("Bearer {acme}"))
+                .body(stalled_body(Bytes::from_static(b"{"), read))
+                .unwrap();
+            let router = router.clone();
+            stalled.push(tokio::spawn(async move {
+                status_and_code(&router, request).await
+            }));
+            first_byte_read.await.unwrap();
+        }
+        let whoami = |key: &str| {
+            let request = Request::get("/v1/whoami")
+                .header(header::AUTHORIZATION, format!("Bearer {key}"))
+                .body(Body::empty())
+                .unwrap();
+            status_and_code(&router, request)
+        };
+        assert_eq!(whoami(&globex).await.0, StatusCode::OK, "globex's own");
+        tokio::time::pause();
+        let refused = whoami(&acme).await;
+        assert_eq!(
+            refused,
+            (StatusCode::TOO_MANY_REQUESTS, "rate_limited".into())
+        );
+        for write in stalled {
+            let timed_out = write.await.unwrap();
+            assert_eq!(timed_out.0, StatusCode::REQUEST_TIMEOUT);
+        }
+        tokio::time::resume();
+        assert_eq!(whoami(&acme).await.0, StatusCode::OK, "its places are back");
+        // A request without a valid key is refused as before.
+        assert_eq!(whoami("nonsense").await.0, StatusCode::UNAUTHORIZED);
     }
 
     #[tokio::test]

@@ -1,0 +1,34 @@
+//! One semaphore per tenant, made on its first use: the server's per-tenant bounds (bytes of
+//! request bodies, requests in flight) are each a [`TenantSemaphores`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+
+/// Each tenant's semaphore of `permits`.
+pub(crate) struct TenantSemaphores {
+    permits: usize,
+    by_tenant: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl TenantSemaphores {
+    pub(crate) fn new(permits: usize) -> Self {
+        TenantSemaphores {
+            permits,
+            by_tenant: Mutex::default(),
+        }
+    }
+
+    /// The tenant's semaphore.
+    pub(crate) fn of(&self, tenant: &str) -> Arc<Semaphore> {
+        let mut tenants = self.by_tenant.lock().unwrap_or_else(|p| p.into_inner());
+        // Every request passes here: no allocation for a tenant already known.
+        if let Some(semaphore) = tenants.get(tenant) {
+            return semaphore.clone();
+        }
+        let semaphore = Arc::new(Semaphore::new(self.permits));
+        tenants.insert(tenant.to_owned(), semaphore.clone());
+        semaphore
+    }
+}
