@@ -45,6 +45,12 @@ pub(crate) fn follow(
     Following(tokio::spawn(async move {
         let mut every = tokio::time::interval(resync);
         every.tick().await;
+        // Set when a change could not be applied: everything is read again soon, not only
+        // at the next re-sync (a database that just restarted fails the first reads), then
+        // at twice the wait while it keeps failing, up to the re-sync's.
+        let retry = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(retry);
+        let (mut failed, mut wait) = (false, FIRST_RETRY);
         loop {
             let change = tokio::select! {
                 change = changes.recv() => match change {
@@ -53,16 +59,31 @@ pub(crate) fn follow(
                     Err(RecvError::Closed) => return,
                 },
                 _ = every.tick() => Change::Resync,
+                () = &mut retry, if failed => Change::Resync,
             };
-            for change in with_those_waiting(change, &mut changes) {
-                if let Err(error) = apply(&cached, &change).await {
-                    // The next notice or re-sync tries again; meanwhile memory serves.
+            let batch = with_those_waiting(change, &mut changes);
+            let mut failed_now = false;
+            for change in &batch {
+                if let Err(error) = apply(&cached, change).await {
+                    // Meanwhile memory serves.
                     tracing::warn!(%error, ?change, "another node's change not applied yet");
+                    failed_now = true;
                 }
+            }
+            if failed_now {
+                retry.as_mut().reset(tokio::time::Instant::now() + wait);
+                wait = (wait * 2).min(resync);
+                failed = true;
+            } else if batch.contains(&Change::Resync) {
+                // Everything was read: what failed before is read too.
+                (failed, wait) = (false, FIRST_RETRY);
             }
         }
     }))
 }
+
+/// How soon everything is read again after a change could not be applied.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// The most notices applied as one batch.
 const MAX_BATCH: usize = 1024;

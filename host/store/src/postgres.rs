@@ -147,10 +147,9 @@ impl PgStore {
         let node: String = node.iter().map(|b| format!("{b:02x}")).collect();
         let (changes, _) = broadcast::channel(1024);
         let (stop_listening, stop) = oneshot::channel();
-        let listener = PgListener::connect_with(&pool)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        tokio::spawn(listen(listener, node.clone(), changes.clone(), stop));
+        let listener = (listener_on(&pool).await).map_err(|e| fail(e.to_string()))?;
+        let listening = listen(pool.clone(), listener, node.clone(), changes.clone(), stop);
+        tokio::spawn(listening);
         Ok(PgStore {
             pool,
             control,
@@ -403,17 +402,15 @@ async fn write_durable(
 
 /// Passes other nodes' notices on. After the connection drops, sqlx reconnects and
 /// re-listens; what was sent meanwhile is lost, so a [`Change::Resync`] tells the host to
-/// read everything again.
+/// read everything again. A connection that fails otherwise (reset by the server, which
+/// sqlx passes on as an error and keeps) is replaced by a new one from `pool`.
 async fn listen(
+    pool: PgPool,
     mut listener: PgListener,
     node: String,
     changes: broadcast::Sender<Change>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    if let Err(error) = listener.listen(CHANNEL).await {
-        tracing::error!(%error, "cannot listen for other nodes' changes");
-        return;
-    }
     loop {
         let notice = tokio::select! {
             notice = listener.try_recv() => notice,
@@ -436,11 +433,29 @@ async fn listen(
                 let _ = changes.send(Change::Resync);
             }
             Err(error) => {
-                tracing::warn!(%error, "listening for changes failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tracing::warn!(%error, "listening for changes failed; listening anew");
+                listener = loop {
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = &mut stop => return,
+                    }
+                    match listener_on(&pool).await {
+                        Ok(listener) => break listener,
+                        Err(error) => tracing::warn!(%error, "cannot listen for changes yet"),
+                    }
+                };
+                // What was sent meanwhile is lost.
+                let _ = changes.send(Change::Resync);
             }
         }
     }
+}
+
+/// A new connection that listens for other nodes' changes.
+async fn listener_on(pool: &PgPool) -> std::result::Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(CHANNEL).await?;
+    Ok(listener)
 }
 
 fn backend(error: sqlx::Error) -> StoreError {
