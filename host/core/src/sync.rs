@@ -45,12 +45,9 @@ pub(crate) fn follow(
     Following(tokio::spawn(async move {
         let mut every = tokio::time::interval(resync);
         every.tick().await;
-        // Set when a change could not be applied: everything is read again soon, not only
-        // at the next re-sync (a database that just restarted fails the first reads), then
-        // at twice the wait while it keeps failing, up to the re-sync's.
         let retry = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(retry);
-        let (mut failed, mut wait) = (false, FIRST_RETRY);
+        let mut retries = Retries::default();
         loop {
             let change = tokio::select! {
                 change = changes.recv() => match change {
@@ -59,7 +56,7 @@ pub(crate) fn follow(
                     Err(RecvError::Closed) => return,
                 },
                 _ = every.tick() => Change::Resync,
-                () = &mut retry, if failed => Change::Resync,
+                () = &mut retry, if retries.pending => Change::Resync,
             };
             let batch = with_those_waiting(change, &mut changes);
             let mut failed_now = false;
@@ -70,13 +67,9 @@ pub(crate) fn follow(
                     failed_now = true;
                 }
             }
-            if failed_now {
+            let read_all = batch.contains(&Change::Resync);
+            if let Some(wait) = retries.after(failed_now, read_all, resync) {
                 retry.as_mut().reset(tokio::time::Instant::now() + wait);
-                wait = (wait * 2).min(resync);
-                failed = true;
-            } else if batch.contains(&Change::Resync) {
-                // Everything was read: what failed before is read too.
-                (failed, wait) = (false, FIRST_RETRY);
             }
         }
     }))
@@ -84,6 +77,39 @@ pub(crate) fn follow(
 
 /// How soon everything is read again after a change could not be applied.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
+
+/// Whether everything must be read again because a change could not be applied: soon, not
+/// only at the next re-sync (a database that just restarted fails the first reads), then at
+/// twice the wait while it keeps failing, up to the re-sync's.
+struct Retries {
+    pending: bool,
+    wait: Duration,
+}
+
+impl Default for Retries {
+    fn default() -> Self {
+        Retries {
+            pending: false,
+            wait: FIRST_RETRY,
+        }
+    }
+}
+
+impl Retries {
+    /// After a batch: how long until everything is read again, if it must be.
+    fn after(&mut self, failed: bool, read_all: bool, at_most: Duration) -> Option<Duration> {
+        if failed {
+            let wait = self.wait;
+            (self.pending, self.wait) = (true, (wait * 2).min(at_most));
+            return Some(wait);
+        }
+        // Everything was read: what failed before is read too.
+        if read_all {
+            *self = Retries::default();
+        }
+        None
+    }
+}
 
 /// The most notices applied as one batch.
 const MAX_BATCH: usize = 1024;
@@ -186,5 +212,24 @@ mod tests {
         ];
         assert_eq!(batch, expected);
         assert!(changes.try_recv().is_err(), "all were taken");
+    }
+
+    #[test]
+    fn what_failed_is_read_again_soon_then_less_often_until_a_full_read_succeeds() {
+        let at_most = Duration::from_secs(30);
+        let mut retries = Retries::default();
+        let secs = Duration::from_secs;
+        assert_eq!(retries.after(false, false, at_most), None);
+        assert_eq!(retries.after(true, false, at_most), Some(secs(1)));
+        assert_eq!(retries.after(true, true, at_most), Some(secs(2)));
+        // A notice applied meanwhile does not read what failed.
+        assert_eq!(retries.after(false, false, at_most), None);
+        assert!(retries.pending);
+        for expected in [4, 8, 16, 30, 30] {
+            assert_eq!(retries.after(true, true, at_most), Some(secs(expected)));
+        }
+        assert_eq!(retries.after(false, true, at_most), None);
+        assert!(!retries.pending);
+        assert_eq!(retries.after(true, true, at_most), Some(secs(1)));
     }
 }
