@@ -1401,6 +1401,21 @@ mod tests {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
+    /// The server of a host where `acme` has a tool, and an admin key of `acme` and of
+    /// `globex`.
+    async fn router_for_acme_and_globex() -> (Router, String, String) {
+        let host = host_where_acme_has_a_tool().await;
+        let mut keys = Vec::new();
+        for tenant in ["acme", "globex"] {
+            host.create_tenant(tenant).await.unwrap();
+            let key = host.create_key(tenant, toolhost::Role::Admin).await;
+            keys.push(key.unwrap().secret);
+        }
+        let globex = keys.pop().unwrap();
+        let acme = keys.pop().unwrap();
+        (router(host, Default::default()), acme, globex)
+    }
+
     /// An upload whose body is sent, or never arrives (`Err`: the sender is told when the
     /// server first asks for it); its status and error code.
     async fn upload(
@@ -1440,19 +1455,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_tenants_uploads_are_read_a_few_at_a_time_and_hold_up_no_other_tenant() {
-        let host = host_where_acme_has_a_tool().await;
-        let mut keys = Vec::new();
-        for tenant in ["acme", "globex"] {
-            host.create_tenant(tenant).await.unwrap();
-            keys.push(
-                host.create_key(tenant, toolhost::Role::Admin)
-                    .await
-                    .unwrap()
-                    .secret,
-            );
-        }
-        let (acme, globex) = (keys[0].clone(), keys[1].clone());
-        let router = router(host, Default::default());
+        let (router, acme, globex) = router_for_acme_and_globex().await;
         let mut stalled = Vec::new();
         for _ in 0..MAX_UPLOADS_PER_TENANT {
             let (router, acme) = (router.clone(), acme.clone());
@@ -1502,15 +1505,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_tenants_request_bodies_hold_a_bounded_number_of_bytes_for_a_bounded_time() {
-        let host = host_where_acme_has_a_tool().await;
-        let mut keys = Vec::new();
-        for tenant in ["acme", "globex"] {
-            host.create_tenant(tenant).await.unwrap();
-            let key = host.create_key(tenant, toolhost::Role::Admin).await;
-            keys.push(key.unwrap().secret);
-        }
-        let (acme, globex) = (keys[0].clone(), keys[1].clone());
-        let router = router(host, Default::default());
+        let (router, acme, globex) = router_for_acme_and_globex().await;
         // Each sends a megabyte, then nothing: all of acme's room for bodies in memory.
         let mut stalled = Vec::new();
         for _ in 0..crate::bodies::MAX_BODY_BYTES_PER_TENANT / MAX_REQUEST_BYTES {
@@ -1576,15 +1571,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_tenants_requests_on_unbounded_routes_go_a_few_at_a_time() {
-        let host = host_where_acme_has_a_tool().await;
-        let mut keys = Vec::new();
-        for tenant in ["acme", "globex"] {
-            host.create_tenant(tenant).await.unwrap();
-            let key = host.create_key(tenant, toolhost::Role::Admin).await;
-            keys.push(key.unwrap().secret);
-        }
-        let (acme, globex) = (keys[0].clone(), keys[1].clone());
-        let router = router(host, Default::default());
+        let (router, acme, globex) = router_for_acme_and_globex().await;
         // Configuration writes whose bodies stop arriving: each holds one of acme's places.
         let mut stalled = Vec::new();
         for n in 0..MAX_REQUESTS_PER_TENANT {
