@@ -253,11 +253,7 @@ impl Pipeline {
             }
             let held = toolhost_spec::clip::held_bytes(args) as u64;
             let waiting = self.shares.wait_elsewhere(&ctx.tenant, weight, held);
-            waiting.map(Some).map_err(|refused| CallError::RateLimited {
-                limit: "tenant_share",
-                message: not_entered(refused),
-                retry_after_ms: None,
-            })
+            waiting.map(Some).map_err(share_refused)
         };
         let checked = checks::check(&ctx.tenant, tool, Against::Args, &mut args, within, waiting);
         match checked.await {
@@ -359,11 +355,7 @@ impl Pipeline {
                 return None;
             }
             Err(refused) => {
-                outcome.result = Err(CallError::RateLimited {
-                    limit: "tenant_share",
-                    message: not_entered(refused),
-                    retry_after_ms: None,
-                });
+                outcome.result = Err(share_refused(refused));
                 return None;
             }
         };
@@ -635,7 +627,16 @@ impl CallIds {
     }
 }
 
-/// A call refused because its tenant's queue is full ([`crate::admission::QUEUED_PER_PLACE`]).
+/// A call refused a place in its tenant's share, or in its queue
+/// ([`crate::admission::QUEUED_PER_PLACE`], [`crate::admission::MAX_WAITING_BYTES_PER_TENANT`]).
+fn share_refused(refused: NotEntered) -> CallError {
+    CallError::RateLimited {
+        limit: "tenant_share",
+        message: not_entered(refused),
+        retry_after_ms: None,
+    }
+}
+
 /// Why a call got no place in its tenant's share of the host.
 fn not_entered(refused: NotEntered) -> String {
     match refused {
