@@ -116,19 +116,15 @@ impl Helpers {
                 value.len()
             )));
         }
-        let (store, tenant, tool) = (&scope.store, &scope.tenant, &scope.tool);
-        let is_new = store
-            .kv_get(tenant, tool, key)
-            .await
-            .map_err(storage)?
-            .is_none();
-        if is_new && store.kv_count(tenant, tool).await.map_err(storage)? >= MAX_KV_KEYS {
-            return Err(HelperError(format!(
-                "kv: this tool already has {MAX_KV_KEYS} keys, the limit"
-            )));
-        }
-        store
-            .kv_set(tenant, tool, key, value, scope.data_quota)
+        scope
+            .store
+            .kv_set(
+                &scope.tenant,
+                &scope.tool,
+                key,
+                value,
+                (MAX_KV_KEYS, scope.data_quota),
+            )
             .await
             .map_err(storage)
     }
@@ -240,7 +236,8 @@ fn check_kv_key(key: &str) -> Result<(), HelperError> {
 }
 
 fn storage(error: toolhost_store::StoreError) -> HelperError {
-    if let toolhost_store::StoreError::Quota { .. } = error {
+    use toolhost_store::StoreError::{KvKeys, Quota};
+    if let Quota { .. } | KvKeys { .. } = error {
         return HelperError(format!("kv: {error}"));
     }
     tracing::error!(%error, "helper storage failure");

@@ -342,6 +342,12 @@ pub enum StoreError {
         /// The quota.
         quota: u64,
     },
+    /// The write would give the tool a key more than it may hold.
+    #[error("this tool already has {limit} keys, the limit")]
+    KvKeys {
+        /// The most keys one tool may hold.
+        limit: usize,
+    },
     /// A sealed secret cannot be opened (a different or missing secrets key).
     #[error("the secret `{name}` is sealed and cannot be read: {reason}")]
     Sealed {
@@ -432,14 +438,16 @@ pub trait Store: Send + Sync {
 
     /// A tool's KV value.
     async fn kv_get(&self, tenant: &str, tool: &str, key: &str) -> Result<Option<Vec<u8>>>;
-    /// Sets a tool's KV value, unless it would take the tenant's data past `quota` bytes.
+    /// Sets a tool's KV value, unless a new key would give the tool more than `max_keys`
+    /// keys or the write would take the tenant's data past `quota` bytes. Both are checked
+    /// in the write's own transaction, so concurrent writers cannot pass them together.
     async fn kv_set(
         &self,
         tenant: &str,
         tool: &str,
         key: &str,
         value: &[u8],
-        quota: u64,
+        (max_keys, quota): (usize, u64),
     ) -> Result<()>;
     /// Deletes a tool's KV value; false if there was none.
     async fn kv_delete(&self, tenant: &str, tool: &str, key: &str) -> Result<bool>;

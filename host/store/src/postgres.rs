@@ -810,9 +810,10 @@ impl Store for PgStore {
         tool: &str,
         key: &str,
         value: &[u8],
-        quota: u64,
+        (max_keys, quota): (usize, u64),
     ) -> Result<()> {
         let mut tx = self.begin().await?;
+        // The tenant's usage row, locked, orders this write after every other of the tenant's.
         let used = Self::locked_usage(&mut tx, tenant).await?;
         let old: Option<i32> = sqlx::query_scalar(
             "SELECT length(value) FROM kv WHERE tenant = $1 AND tool = $2 AND key = $3",
@@ -823,6 +824,20 @@ impl Store for PgStore {
         .fetch_optional(&mut *tx)
         .await
         .map_err(backend)?;
+        if old.is_none() {
+            let held: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM (SELECT 1 FROM kv WHERE tenant = $1 AND tool = $2 LIMIT $3) k",
+            )
+            .bind(tenant)
+            .bind(tool)
+            .bind(i64::try_from(max_keys).unwrap_or(i64::MAX))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+            if held as usize >= max_keys {
+                return Err(StoreError::KvKeys { limit: max_keys });
+            }
+        }
         let old = old.map_or(0, |len| kv_bytes(tenant, tool, key, len as usize));
         let delta = kv_bytes(tenant, tool, key, value.len()) - old;
         if over(used, delta, quota) {

@@ -42,6 +42,27 @@ fn key(parts: &[&str]) -> Vec<u8> {
     parts.join("\0").into_bytes()
 }
 
+/// What every KV key of one tenant's tool starts with.
+fn kv_prefix(tenant: &str, tool: &str) -> Vec<u8> {
+    key(&[tenant, tool, ""])
+}
+
+/// How many keys of `table` start with `prefix`, counting no further than `up_to`.
+fn count_prefixed(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    prefix: &[u8],
+    up_to: usize,
+) -> std::result::Result<usize, redb::Error> {
+    let mut count = 0;
+    for entry in table.range(prefix..)? {
+        if count == up_to || !entry?.0.value().starts_with(prefix) {
+            break;
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
 /// A table of the store: byte keys to byte values.
 type Table = TableDefinition<'static, &'static [u8], &'static [u8]>;
 
@@ -1049,11 +1070,20 @@ impl RedbFile {
         self.get(KV, &key(&[tenant, tool, k]))
     }
 
-    fn kv_set(&self, tenant: &str, tool: &str, k: &str, value: &[u8], quota: u64) -> Result<()> {
+    fn kv_set(
+        &self,
+        (tenant, tool, k): (&str, &str, &str),
+        value: &[u8],
+        (max_keys, quota): (usize, u64),
+    ) -> Result<()> {
         let key = key(&[tenant, tool, k]);
+        let prefix = kv_prefix(tenant, tool);
         self.write(Commit::Durable, |tx| {
             let mut kv = tx.open_table(KV)?;
             let old = kv.get(&key[..])?.map(|v| v.value().len());
+            if old.is_none() && count_prefixed(&kv, &prefix, max_keys)? >= max_keys {
+                return Ok(Err(StoreError::KvKeys { limit: max_keys }));
+            }
             let delta = entry_bytes(&key, Some(value.len())) - entry_bytes(&key, old);
             let used = usage(tx, tenant)?;
             if over(used, delta, quota) {
@@ -1085,16 +1115,9 @@ impl RedbFile {
     }
 
     fn kv_count(&self, tenant: &str, tool: &str) -> Result<usize> {
-        let prefix = [key(&[tenant, tool]), b"\0".to_vec()].concat();
+        let prefix = kv_prefix(tenant, tool);
         self.read(KV, |kv| {
-            let mut count = 0;
-            for entry in kv.range(&prefix[..]..).map_err(backend)? {
-                if !entry.map_err(backend)?.0.value().starts_with(&prefix) {
-                    break;
-                }
-                count += 1;
-            }
-            Ok(count)
+            count_prefixed(kv, &prefix, usize::MAX).map_err(backend)
         })
     }
 
@@ -1416,11 +1439,11 @@ impl Store for RedbStore {
         tool: &str,
         key: &str,
         value: &[u8],
-        quota: u64,
+        limits: (usize, u64),
     ) -> Result<()> {
         let (tenant, tool, key) = (tenant.to_owned(), tool.to_owned(), key.to_owned());
         let value = value.to_vec();
-        self.blocking(move |file| file.kv_set(&tenant, &tool, &key, &value, quota))
+        self.blocking(move |file| file.kv_set((&tenant, &tool, &key), &value, limits))
             .await
     }
 
@@ -1862,7 +1885,9 @@ mod tests {
             store
                 .durable_put(&durable("a1", "acme", DurableState::Queued))
                 .unwrap();
-            store.kv_set("t", "tool", "k", b"value", u64::MAX).unwrap();
+            store
+                .kv_set(("t", "tool", "k"), b"value", (usize::MAX, u64::MAX))
+                .unwrap();
             // What the older version does: it ends the call and removes the key in its tables.
             let done = DurableState::Done {
                 outcome: serde_json::json!(null),
@@ -1899,7 +1924,9 @@ mod tests {
     #[test]
     fn usage_is_counted_once_for_a_store_written_before_it_was_kept() {
         let (_dir, store) = reopened_without(USAGE, |store| {
-            store.kv_set("t", "tool", "k", b"value", u64::MAX).unwrap();
+            store
+                .kv_set(("t", "tool", "k"), b"value", (usize::MAX, u64::MAX))
+                .unwrap();
             // What the older version counted instead, without the overhead.
             (store.write(Commit::Durable, |tx| {
                 let count = 14u64.to_be_bytes();

@@ -74,6 +74,7 @@ conformance!(
     kv_and_config_are_scoped_by_tenant,
     data_is_counted_the_same_way,
     the_data_quota_holds_under_concurrent_writers,
+    a_tools_key_limit_holds_under_concurrent_writers,
     tenants_keys_and_policies_round_trip,
     a_held_call_is_removed_once,
     search_vectors_round_trip,
@@ -331,15 +332,15 @@ async fn cached_results_stay_within_the_data_quota_dropping_expired_ones_first(
 
 async fn kv_and_config_are_scoped_by_tenant(store: Arc<dyn Store>) {
     store
-        .kv_set("a", "tool", "k", b"1", u64::MAX)
+        .kv_set("a", "tool", "k", b"1", (usize::MAX, u64::MAX))
         .await
         .unwrap();
     store
-        .kv_set("a", "tool", "k2", b"2", u64::MAX)
+        .kv_set("a", "tool", "k2", b"2", (usize::MAX, u64::MAX))
         .await
         .unwrap();
     store
-        .kv_set("ab", "tool", "k", b"3", u64::MAX)
+        .kv_set("ab", "tool", "k", b"3", (usize::MAX, u64::MAX))
         .await
         .unwrap();
     assert_eq!(store.kv_get("b", "tool", "k").await.unwrap(), None);
@@ -371,13 +372,13 @@ async fn kv_and_config_are_scoped_by_tenant(store: Arc<dyn Store>) {
 /// Both engines charge a tenant the same bytes, so a quota means the same on either.
 async fn data_is_counted_the_same_way(store: Arc<dyn Store>) {
     store
-        .kv_set("t", "tool", "k", b"value", u64::MAX)
+        .kv_set("t", "tool", "k", b"value", (usize::MAX, u64::MAX))
         .await
         .unwrap();
     let kv = ("t\0tool\0k".len() + 5 + ENTRY_OVERHEAD_BYTES) as u64;
     assert_eq!(store.data_bytes("t").await.unwrap(), kv);
     store
-        .kv_set("t", "tool", "k", b"v", u64::MAX)
+        .kv_set("t", "tool", "k", b"v", (usize::MAX, u64::MAX))
         .await
         .unwrap();
     assert_eq!(
@@ -393,7 +394,13 @@ async fn data_is_counted_the_same_way(store: Arc<dyn Store>) {
     let cached = ("t\0key".len() + 8 + 2 + ENTRY_OVERHEAD_BYTES) as u64;
     assert_eq!(store.data_bytes("t").await.unwrap(), kv - 4 + cached);
     let refused = store
-        .kv_set("t", "tool", "k2", b"12345", kv - 4 + cached + 5)
+        .kv_set(
+            "t",
+            "tool",
+            "k2",
+            b"12345",
+            (usize::MAX, kv - 4 + cached + 5),
+        )
         .await;
     assert!(
         matches!(refused, Err(StoreError::Quota { .. })),
@@ -408,7 +415,13 @@ async fn the_data_quota_holds_under_concurrent_writers(store: Arc<dyn Store>) {
             let store = store.clone();
             tokio::spawn(async move {
                 store
-                    .kv_set("t", "tool", &format!("key{i:02}"), &[7; 100], quota)
+                    .kv_set(
+                        "t",
+                        "tool",
+                        &format!("key{i:02}"),
+                        &[7; 100],
+                        (usize::MAX, quota),
+                    )
                     .await
             })
         })
@@ -424,6 +437,38 @@ async fn the_data_quota_holds_under_concurrent_writers(store: Arc<dyn Store>) {
     let entry = "t\0tool\0key00".len() + 100 + ENTRY_OVERHEAD_BYTES;
     assert_eq!(used, stored * entry as u64);
     assert_eq!(store.kv_count("t", "tool").await.unwrap() as u64, stored);
+}
+
+async fn a_tools_key_limit_holds_under_concurrent_writers(store: Arc<dyn Store>) {
+    let max_keys = 5;
+    let writers: Vec<_> = (0..20)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let limits = (max_keys, u64::MAX);
+                store
+                    .kv_set("t", "tool", &format!("key{i:02}"), b"v", limits)
+                    .await
+            })
+        })
+        .collect();
+    let mut stored = 0;
+    for writer in writers {
+        match writer.await.unwrap() {
+            Ok(()) => stored += 1,
+            Err(StoreError::KvKeys { limit }) => assert_eq!(limit, max_keys),
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(stored, max_keys);
+    assert_eq!(store.kv_count("t", "tool").await.unwrap(), max_keys);
+    // A key held already may be written again; another tool has keys of its own.
+    let limits = (max_keys, u64::MAX);
+    let held = store.kv_get("t", "tool", "key00").await.unwrap().is_some();
+    let key = if held { "key00" } else { "key19" };
+    let again = store.kv_set("t", "tool", key, b"w", limits).await;
+    assert_eq!(again.is_ok(), held, "{again:?}");
+    store.kv_set("t", "other", "k", b"v", limits).await.unwrap();
 }
 
 async fn tenants_keys_and_policies_round_trip(store: Arc<dyn Store>) {
@@ -783,7 +828,7 @@ async fn a_database_counted_without_the_entry_overhead_is_counted_again() {
     let url = fresh_database().await;
     let store = PgStore::connect(&PgOptions::new(&url)).await.unwrap();
     store
-        .kv_set("t", "tool", "k", b"value", u64::MAX)
+        .kv_set("t", "tool", "k", b"value", (usize::MAX, u64::MAX))
         .await
         .unwrap();
     let later = now_ms() + 60_000;
