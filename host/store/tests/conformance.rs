@@ -408,30 +408,31 @@ async fn data_is_counted_the_same_way(store: Arc<dyn Store>) {
     );
 }
 
-async fn the_data_quota_holds_under_concurrent_writers(store: Arc<dyn Store>) {
-    let quota = 2_000;
-    let writers: Vec<_> = (0..40)
+/// `count` writers at once, each of its own key `key00`, `key01`, … of tenant `t`'s `tool`.
+async fn concurrent_kv_sets(
+    store: &Arc<dyn Store>,
+    count: usize,
+    value: &'static [u8],
+    limits: (usize, u64),
+) -> Vec<Result<(), StoreError>> {
+    let writers: Vec<_> = (0..count)
         .map(|i| {
             let store = store.clone();
-            tokio::spawn(async move {
-                store
-                    .kv_set(
-                        "t",
-                        "tool",
-                        &format!("key{i:02}"),
-                        &[7; 100],
-                        (usize::MAX, quota),
-                    )
-                    .await
-            })
+            let key = format!("key{i:02}");
+            tokio::spawn(async move { store.kv_set("t", "tool", &key, value, limits).await })
         })
         .collect();
-    let mut stored = 0;
+    let mut written = Vec::new();
     for writer in writers {
-        if writer.await.unwrap().is_ok() {
-            stored += 1;
-        }
+        written.push(writer.await.unwrap());
     }
+    written
+}
+
+async fn the_data_quota_holds_under_concurrent_writers(store: Arc<dyn Store>) {
+    let quota = 2_000;
+    let written = concurrent_kv_sets(&store, 40, &[7; 100], (usize::MAX, quota)).await;
+    let stored = written.iter().filter(|w| w.is_ok()).count() as u64;
     let used = store.data_bytes("t").await.unwrap();
     assert!(used <= quota, "{used} bytes against a quota of {quota}");
     let entry = "t\0tool\0key00".len() + 100 + ENTRY_OVERHEAD_BYTES;
@@ -441,33 +442,30 @@ async fn the_data_quota_holds_under_concurrent_writers(store: Arc<dyn Store>) {
 
 async fn a_tools_key_limit_holds_under_concurrent_writers(store: Arc<dyn Store>) {
     let max_keys = 5;
-    let writers: Vec<_> = (0..20)
-        .map(|i| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let limits = (max_keys, u64::MAX);
-                store
-                    .kv_set("t", "tool", &format!("key{i:02}"), b"v", limits)
-                    .await
-            })
-        })
-        .collect();
-    let mut stored = 0;
-    for writer in writers {
-        match writer.await.unwrap() {
-            Ok(()) => stored += 1,
-            Err(StoreError::KvKeys { limit }) => assert_eq!(limit, max_keys),
-            Err(other) => panic!("{other}"),
-        }
-    }
-    assert_eq!(stored, max_keys);
-    assert_eq!(store.kv_count("t", "tool").await.unwrap(), max_keys);
-    // A key held already may be written again; another tool has keys of its own.
     let limits = (max_keys, u64::MAX);
-    let held = store.kv_get("t", "tool", "key00").await.unwrap().is_some();
-    let key = if held { "key00" } else { "key19" };
-    let again = store.kv_set("t", "tool", key, b"w", limits).await;
-    assert_eq!(again.is_ok(), held, "{again:?}");
+    let written = concurrent_kv_sets(&store, 20, b"v", limits).await;
+    for refused in written.iter().filter_map(|w| w.as_ref().err()) {
+        assert!(
+            matches!(refused, StoreError::KvKeys { limit: 5 }),
+            "{refused}"
+        );
+    }
+    let held = |i: usize| written[i].is_ok();
+    assert_eq!((0..20).filter(|&i| held(i)).count(), max_keys);
+    assert_eq!(store.kv_count("t", "tool").await.unwrap(), max_keys);
+    // A key held already may be written again, a new one not; another tool has its own.
+    let (kept, refused) = ((0..20).find(|&i| held(i)), (0..20).find(|&i| !held(i)));
+    let again = format!("key{:02}", kept.unwrap());
+    store
+        .kv_set("t", "tool", &again, b"w", limits)
+        .await
+        .unwrap();
+    let new = format!("key{:02}", refused.unwrap());
+    let refused = store.kv_set("t", "tool", &new, b"w", limits).await;
+    assert!(
+        matches!(refused, Err(StoreError::KvKeys { .. })),
+        "{refused:?}"
+    );
     store.kv_set("t", "other", "k", b"v", limits).await.unwrap();
 }
 
