@@ -1296,6 +1296,45 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
     assert_eq!(open(&api.acme).await.0, StatusCode::OK);
 }
 
+/// A session's calls are answered without rmcp's session worker, whose idle timer closes a
+/// session it has not seen for the idle time: a session busy with calls alone stays open.
+#[tokio::test]
+async fn a_session_busy_with_calls_alone_stays_open_past_the_idle_time() {
+    let api = api().await;
+    let clock = ToolSpec::new("clock", "Tells the time.", json!({"type": "object"}));
+    (api.host.natives())
+        .register(clock, |_, _, _| async { Ok(json!(42)) })
+        .unwrap();
+    let mut options = session_caps(10, 10);
+    options.mcp_sessions.idle = Duration::from_secs(1);
+    let router = router(api.host.clone(), options);
+    let initialize = initialize_message("busy");
+    let (status, session, body) = mcp_send(&router, "POST", &api.acme, None, initialize).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let session = session.unwrap();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let sent = mcp_send(&router, "POST", &api.acme, Some(&session), initialized).await;
+    assert_eq!(sent.0, StatusCode::ACCEPTED);
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "clock", "arguments": {}}});
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(2500) {
+        let (status, _, body) =
+            mcp_send(&router, "POST", &api.acme, Some(&session), call.clone()).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "after {:?}: {body}",
+            started.elapsed()
+        );
+        assert!(
+            body.contains("\"structuredContent\":{\"result\":42}"),
+            "{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Each `notifications/initialized` started a task that watched the tenant's tools until the
 /// session ended, and a client may send it again and again: one session now has one watch.
 #[tokio::test]

@@ -11,6 +11,7 @@ mod batch;
 pub mod bodies;
 pub mod bridges;
 mod console;
+mod direct_requests;
 pub mod events;
 pub mod listener;
 pub mod mcp;

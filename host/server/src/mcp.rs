@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
@@ -17,6 +17,7 @@ use rmcp::model::{
     Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
+use rmcp::transport::streamable_http_server::session::SessionId;
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::Receiver;
@@ -27,6 +28,7 @@ use toolhost::export::{self, Format};
 use toolhost::{Caller, Host};
 
 use crate::bridges::{Disclosure, DisclosureConfig, TOOL_CALL, TOOL_DESCRIBE, TOOL_SEARCH};
+use crate::direct_requests::DirectSessions;
 
 /// Tools per `tools/list` page.
 pub const PAGE_SIZE: usize = 50;
@@ -51,6 +53,9 @@ pub struct McpServer {
     watching: Arc<AtomicBool>,
     /// Every tenant's open `subscriptions/listen` streams.
     listens: Arc<Listens>,
+    /// Over HTTP, the tenant's sessions, which answer an initialized session's calls,
+    /// listings and pings with this server (weak: the sessions hold their servers).
+    direct: Option<Weak<DirectSessions>>,
 }
 
 /// The most `subscriptions/listen` streams one tenant keeps open.
@@ -131,6 +136,7 @@ impl McpServer {
             tenant: Some(tenant),
             watching: Arc::default(),
             listens: Arc::default(),
+            direct: None,
         }
     }
 
@@ -148,7 +154,15 @@ impl McpServer {
             tenant: None,
             watching: Arc::default(),
             listens,
+            direct: None,
         }
+    }
+
+    /// Once its session is initialized, `sessions` answers the session's calls, listings and
+    /// pings with this server, in the task that reads each request.
+    pub(crate) fn answered_in_place_by(mut self, sessions: Weak<DirectSessions>) -> Self {
+        self.direct = Some(sessions);
+        self
     }
 
     /// The tenant's listing as MCP tools, converted again only when its tools (or the
@@ -358,12 +372,17 @@ impl ServerHandler for McpServer {
         Ok(result.into())
     }
 
-    /// Up to 2025-11-25: tells this session's client when its tenant's tools change, until
-    /// the session ends.
+    /// Over HTTP, hands this session's calls to be answered in place. Up to 2025-11-25: tells
+    /// this session's client when its tenant's tools change, until the session ends.
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         let Ok(tenant) = self.tenant(&context.extensions) else {
             return;
         };
+        if let Some(sessions) = self.direct.as_ref().and_then(Weak::upgrade)
+            && let Some(id) = session_id(&context.extensions)
+        {
+            sessions.register(id, self.clone(), context.peer.clone());
+        }
         if self.watching.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -416,6 +435,13 @@ impl ServerHandler for McpServer {
             }
         }
     }
+}
+
+/// The session an HTTP request names.
+fn session_id(extensions: &rmcp::model::Extensions) -> Option<SessionId> {
+    let parts = extensions.get::<axum::http::request::Parts>()?;
+    let id = parts.headers.get("mcp-session-id")?.to_str().ok()?;
+    Some(id.into())
 }
 
 /// Waits for a change of `tenant`'s tools (a lag counts as one); `None` once the host is gone.

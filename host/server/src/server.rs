@@ -21,7 +21,6 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +38,7 @@ use crate::batch;
 use crate::bodies::{Bodies, BodyError};
 use crate::bridges::{Disclosure, DisclosureConfig, TOOL_SEARCH};
 use crate::console;
+use crate::direct_requests::DirectSessions;
 use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
 use crate::mcp::{Listens, Listings, McpServer, McpTenant};
@@ -86,20 +86,23 @@ impl Mcp {
         &self,
         host: &Arc<Host>,
         tenant: &str,
-    ) -> StreamableHttpService<McpServer, LocalSessionManager> {
+    ) -> StreamableHttpService<McpServer, DirectSessions> {
         let mut config = self.config.clone();
         if self.shared_sessions {
             config.session_store = Some(Arc::new(self.stored_sessions(host, tenant)));
         }
         let (host, disclosure) = (host.clone(), self.disclosure.clone());
         let (listings, listens) = (self.listings.clone(), self.listens.clone());
+        let sessions = self.sessions.manager(tenant);
+        let direct = Arc::downgrade(&sessions);
         StreamableHttpService::new(
             move || {
                 let (host, disclosure) = (host.clone(), disclosure.clone());
                 let (listings, listens) = (listings.clone(), listens.clone());
-                Ok(McpServer::http(host, disclosure, listings, listens))
+                let server = McpServer::http(host, disclosure, listings, listens);
+                Ok(server.answered_in_place_by(direct.clone()))
             },
-            self.sessions.manager(tenant),
+            sessions,
             config,
         )
     }

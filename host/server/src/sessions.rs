@@ -15,6 +15,7 @@ use rmcp::transport::streamable_http_server::session::{
 use tokio::time::Instant;
 use toolhost::Store;
 
+use crate::direct_requests::DirectSessions;
 use crate::events::{DEFAULT_EVENT_BYTES, RecentEvents};
 
 /// Bounds on MCP sessions over HTTP.
@@ -64,7 +65,7 @@ struct Open {
 /// of its own, so a session id is found only with its tenant's key, and each replays events
 /// from its tenant's share of one budget.
 pub(crate) struct Sessions {
-    managers: Mutex<HashMap<Arc<str>, Arc<LocalSessionManager>>>,
+    managers: Mutex<HashMap<Arc<str>, Arc<DirectSessions>>>,
     events: Arc<RecentEvents>,
     limits: SessionLimits,
     open: Mutex<Open>,
@@ -97,7 +98,7 @@ impl Sessions {
     }
 
     /// The session manager of `tenant`'s sessions.
-    pub(crate) fn manager(&self, tenant: &str) -> Arc<LocalSessionManager> {
+    pub(crate) fn manager(&self, tenant: &str) -> Arc<DirectSessions> {
         let mut managers = self.managers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(manager) = managers.get(tenant) {
             return manager.clone();
@@ -107,7 +108,7 @@ impl Sessions {
             .with_event_store(Arc::new(self.events.of_tenant(tenant.clone())));
         // rmcp's own idle timeout ends the session's worker; ours also forgets its handle.
         manager.session_config.keep_alive = Some(self.limits.idle);
-        let manager = Arc::new(manager);
+        let manager = Arc::new(DirectSessions::new(manager));
         managers.insert(tenant, manager.clone());
         manager
     }
