@@ -87,13 +87,23 @@ fn expired(held: &HeldCall, now_ms: u64) -> bool {
     held.waiting_ms(now_ms) >= ttl || held.held_at_ms.saturating_sub(now_ms) > ttl
 }
 
+/// A tenant's turn to hold or decide a call.
+struct Writing<'a> {
+    _tenant: tokio::sync::OwnedMutexGuard<()>,
+    _reload: tokio::sync::RwLockReadGuard<'a, ()>,
+}
+
 pub(crate) struct Approvals {
     store: Arc<dyn Store>,
     /// By tenant, then call id; the same as the store's records, read at start and again
     /// when another node holds or decides one.
     pending: Mutex<HashMap<String, HashMap<String, Held>>>,
-    /// One hold or decision at a time, so the per-tenant count holds.
-    writing: tokio::sync::Mutex<()>,
+    /// One hold or decision of a tenant at a time, so its count holds; each waits on its own
+    /// tenant's only (a store write each), never on another tenant's. One entry per tenant
+    /// that ever held a call.
+    writing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// A reload replaces every tenant's calls: it waits for the holds and decisions under way.
+    reloading: tokio::sync::RwLock<()>,
 }
 
 impl Approvals {
@@ -102,7 +112,8 @@ impl Approvals {
         let approvals = Approvals {
             store,
             pending: Mutex::default(),
-            writing: tokio::sync::Mutex::new(()),
+            writing: Mutex::default(),
+            reloading: tokio::sync::RwLock::new(()),
         };
         approvals.reload().await?;
         Ok(approvals)
@@ -110,7 +121,7 @@ impl Approvals {
 
     /// Reads the held calls again (another node held or decided one).
     pub async fn reload(&self) -> Result<(), StoreError> {
-        let _writing = self.writing.lock().await;
+        let _reloading = self.reloading.write().await;
         let now = now_ms();
         let mut pending: HashMap<String, HashMap<String, Held>> = HashMap::new();
         for (call_id, held) in self.store.held_calls().await? {
@@ -127,6 +138,19 @@ impl Approvals {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, Held>>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for `tenant`'s turn to hold or decide a call, and for no reload to be under way.
+    async fn writing(&self, tenant: &str) -> Writing<'_> {
+        let reload = self.reloading.read().await;
+        let of_tenant = {
+            let mut writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+            writing.entry(tenant.to_owned()).or_default().clone()
+        };
+        Writing {
+            _tenant: of_tenant.lock_owned().await,
+            _reload: reload,
+        }
     }
 
     /// Drops `call_id` of `tenant` from memory, and the tenant's entry once it holds none.
@@ -151,7 +175,7 @@ impl Approvals {
         if size > MAX_HELD_ARGS_BYTES {
             return Err(ApprovalError::ArgsTooLarge(size));
         }
-        let _writing = self.writing.lock().await;
+        let _writing = self.writing(&caller.tenant).await;
         let now = now_ms();
         // Only the tenant's own: another tenant's thousand expired calls are not this call's
         // to remove (a reload drops them).
@@ -194,7 +218,7 @@ impl Approvals {
     /// Removes the call, so that it is decided at most once, also across a restart and
     /// across nodes: only the caller whose removal took it from the store gets it.
     pub async fn take(&self, tenant: &str, call_id: &str) -> Result<HeldCall, ApprovalError> {
-        let _writing = self.writing.lock().await;
+        let _writing = self.writing(tenant).await;
         let now = now_ms();
         let held = (self.lock().get(tenant))
             .and_then(|of_tenant| of_tenant.get(call_id))
@@ -324,6 +348,25 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(approvals.list("acme").len() as u64, held);
+    }
+
+    /// Holds and decisions went one at a time for all tenants, each with its store write: one
+    /// tenant's stream of them kept another's approval-gated calls waiting.
+    #[tokio::test]
+    async fn a_hold_waits_for_its_own_tenants_holds_only() {
+        let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
+        let approvals = Approvals::load(store).await.unwrap();
+        let (acme, globex) = (Caller::tenant("acme"), Caller::tenant("globex"));
+        let acme_writing = approvals.writing("acme").await; // as if acme's store write were slow
+        let hold = |id, caller| approvals.hold(id, caller, "wire", json!({}));
+        let wait = std::time::Duration::from_millis(200);
+        let globex_held = tokio::time::timeout(wait * 10, hold("g", &globex)).await;
+        assert!(matches!(globex_held, Ok(Ok(()))), "globex waited on acme");
+        let acme_held = tokio::time::timeout(wait, hold("a", &acme)).await;
+        assert!(acme_held.is_err(), "acme's next hold waits for acme's turn");
+        drop(acme_writing);
+        hold("a", &acme).await.unwrap();
+        assert_eq!(approvals.take("globex", "g").await.unwrap().tool, "wire");
     }
 
     /// A hold removed every tenant's expired calls, one store write each, holding the lock
