@@ -1296,10 +1296,11 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
     assert_eq!(open(&api.acme).await.0, StatusCode::OK);
 }
 
-/// A session's calls are answered without rmcp's session worker, whose idle timer closes a
-/// session it has not seen for the idle time: a session busy with calls alone stays open.
+/// A session's calls are answered in the task that reads the request, past rmcp's session
+/// worker, whose idle timer would close a session it has not seen: a session in use with
+/// calls alone stays open for the idle time after its last one, and then closes.
 #[tokio::test]
-async fn a_session_busy_with_calls_alone_stays_open_past_the_idle_time() {
+async fn a_session_used_for_calls_alone_stays_open_for_the_idle_time_after_its_last() {
     let api = api().await;
     let clock = ToolSpec::new("clock", "Tells the time.", json!({"type": "object"}));
     (api.host.natives())
@@ -1308,19 +1309,12 @@ async fn a_session_busy_with_calls_alone_stays_open_past_the_idle_time() {
     let mut options = session_caps(10, 10);
     options.mcp_sessions.idle = Duration::from_secs(1);
     let router = router(api.host.clone(), options);
-    let initialize = initialize_message("busy");
-    let (status, session, body) = mcp_send(&router, "POST", &api.acme, None, initialize).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let session = session.unwrap();
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let sent = mcp_send(&router, "POST", &api.acme, Some(&session), initialized).await;
-    assert_eq!(sent.0, StatusCode::ACCEPTED);
+    let session = initialized_session(&router, &api.acme, "busy").await;
     let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
         "params": {"name": "clock", "arguments": {}}});
+    let call = async || mcp_send(&router, "POST", &api.acme, Some(&session), call.clone()).await;
     let started = std::time::Instant::now();
-    while started.elapsed() < Duration::from_millis(2500) {
-        let (status, _, body) =
-            mcp_send(&router, "POST", &api.acme, Some(&session), call.clone()).await;
+    let answered = |(status, _, body): (StatusCode, Option<String>, String)| {
         assert_eq!(
             status,
             StatusCode::OK,
@@ -1331,8 +1325,131 @@ async fn a_session_busy_with_calls_alone_stays_open_past_the_idle_time() {
             body.contains("\"structuredContent\":{\"result\":42}"),
             "{body}"
         );
+    };
+    while started.elapsed() < Duration::from_millis(2500) {
+        answered(call().await);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Silent for most of the idle time: still open.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    answered(call().await);
+    // Silent for the idle time and a quarter more: closed, and the client told to start over.
+    tokio::time::sleep(Duration::from_millis(1400)).await;
+    let (status, _, body) = call().await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}
+
+/// Once a session is initialized, its calls run in the task that reads the request: rmcp's
+/// way runs each in a task of its own (BENCHMARKS.md, "A session's requests answered in the
+/// request's own task").
+#[tokio::test]
+async fn an_initialized_sessions_calls_run_without_a_task_of_their_own() {
+    let api = api().await;
+    let slow = ToolSpec::new("slow", "Takes a while.", json!({"type": "object"}));
+    (api.host.natives())
+        .register(slow, |_, _, _| async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(json!("done"))
+        })
+        .unwrap();
+    let router = router(api.host.clone(), session_caps(10, 10));
+    let initialize = initialize_message("counted");
+    let (status, session, body) = mcp_send(&router, "POST", &api.acme, None, initialize).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let session = session.unwrap();
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    // The tasks alive while a call runs, beyond those alive before it.
+    let tasks_of_a_call = async || {
+        let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": "slow", "arguments": {}}});
+        let before = tasks();
+        let ((status, _, body), during) = tokio::join!(
+            mcp_send(&router, "POST", &api.acme, Some(&session), call),
+            async {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                tasks()
+            }
+        );
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.contains("done"), "{body}");
+        during - before
+    };
+    // Before `notifications/initialized`, a call takes rmcp's way.
+    let by_rmcp = tasks_of_a_call().await;
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let sent = mcp_send(&router, "POST", &api.acme, Some(&session), initialized).await;
+    assert_eq!(sent.0, StatusCode::ACCEPTED);
+    // Answered after the session's task has handled the notification (after its 202).
+    let ping = json!({"jsonrpc": "2.0", "id": 6, "method": "ping"});
+    assert_eq!(
+        mcp_send(&router, "POST", &api.acme, Some(&session), ping)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let in_place = tasks_of_a_call().await;
+    assert!(
+        in_place < by_rmcp,
+        "{in_place} tasks in place, {by_rmcp} by rmcp"
+    );
+}
+
+/// A call the client cancels with `notifications/cancelled` gets no answer, as the protocol
+/// asks; the session's next call is answered.
+#[tokio::test]
+async fn a_cancelled_call_gets_no_answer() {
+    let api = api().await;
+    let slow = ToolSpec::new("slow", "Takes a while.", json!({"type": "object"}));
+    (api.host.natives())
+        .register(slow, |_, _, _| async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            Ok(json!("late"))
+        })
+        .unwrap();
+    let router = router(api.host.clone(), session_caps(10, 10));
+    let session = initialized_session(&router, &api.acme, "cancels").await;
+    let call = |id: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {}}})
+    };
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "the user gave up"}});
+    let ((status, _, body), cancelled) = tokio::join!(
+        mcp_send(&router, "POST", &api.acme, Some(&session), call(7)),
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            mcp_send(&router, "POST", &api.acme, Some(&session), cancel).await
+        }
+    );
+    assert_eq!(cancelled.0, StatusCode::ACCEPTED, "{cancelled:?}");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        !body.contains("\"id\":7"),
+        "an answer to a cancelled call: {body}"
+    );
+    let (status, _, body) = mcp_send(&router, "POST", &api.acme, Some(&session), call(8)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains("late") && body.contains("\"id\":8"), "{body}");
+}
+
+/// A session initialized (`initialize`, then `notifications/initialized`) for `key`.
+async fn initialized_session(router: &Router, key: &str, client: &str) -> String {
+    let initialize = initialize_message(client);
+    let (status, session, body) = mcp_send(router, "POST", key, None, initialize).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let session = session.unwrap();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let sent = mcp_send(router, "POST", key, Some(&session), initialized).await;
+    assert_eq!(sent.0, StatusCode::ACCEPTED);
+    // Answered after the session's task has handled the notification (after its 202).
+    let ping = json!({"jsonrpc": "2.0", "id": 0, "method": "ping"});
+    let pong = mcp_send(router, "POST", key, Some(&session), ping).await;
+    assert_eq!(pong.0, StatusCode::OK, "{pong:?}");
+    session
 }
 
 /// Each `notifications/initialized` started a task that watched the tenant's tools until the

@@ -9,22 +9,24 @@
 //! three itself, through the same `handle_request` and with the same context rmcp builds (the
 //! session's peer, the request's metadata and HTTP parts), keeps its events for a resume as
 //! rmcp does, and hands every other message to rmcp's [`LocalSessionManager`]. A session's
-//! handler registers here once the session is initialized; until then, for a request id
-//! already in flight, and once in half rmcp's idle time, requests take rmcp's way.
+//! handler registers here once the session is initialized; until then, and for a request id
+//! already in flight, requests take rmcp's way. rmcp's worker sees too few requests to judge a
+//! session idle, so its idle timer is off and [`crate::sessions`] closes idle sessions.
 //!
 //! Not kept from rmcp's way: a request the handler sent to the client during a call would go
 //! on the session's standalone stream rather than the call's (SEP-2260). toolhost's handler
 //! sends none.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt};
 use rmcp::model::{
-    ClientJsonRpcMessage, ClientNotification, ClientRequest, GetExtensions, GetMeta, RequestId,
-    ServerJsonRpcMessage,
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, GetExtensions, GetMeta,
+    JsonRpcRequest, RequestId, ServerJsonRpcMessage,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::common::server_side_http::ServerSseMessage;
@@ -34,7 +36,6 @@ use rmcp::transport::streamable_http_server::session::local::{
 };
 use rmcp::transport::streamable_http_server::session::{EventStore, RestoreOutcome, SessionId};
 use rmcp::{Peer, RoleServer, Service};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::mcp::McpServer;
@@ -57,9 +58,6 @@ struct Handler {
     peer: Peer<RoleServer>,
     /// Requests answered here and not yet finished, for `notifications/cancelled`.
     in_flight: HashMap<RequestId, CancellationToken>,
-    /// When rmcp's worker last saw a request of this session: its idle timer closes a session
-    /// it has not seen for `keep_alive`, so a request takes rmcp's way after half of that.
-    rmcp_saw: Instant,
 }
 
 impl DirectSessions {
@@ -75,21 +73,34 @@ impl DirectSessions {
     }
 
     /// Session `id` is initialized: its requests are answered by `server` with `peer` from now.
-    pub(crate) fn register(&self, id: SessionId, server: McpServer, peer: Peer<RoleServer>) {
-        let handler = Handler {
-            server,
-            peer,
-            in_flight: HashMap::new(),
-            rmcp_saw: Instant::now(),
-        };
-        self.lock().insert(id, handler);
+    /// Said again, it keeps the requests in flight.
+    pub(crate) async fn register(&self, id: SessionId, server: McpServer, peer: Peer<RoleServer>) {
+        match self.lock().entry(id.clone()) {
+            Entry::Occupied(mut handler) => {
+                let handler = handler.get_mut();
+                (handler.server, handler.peer) = (server, peer);
+            }
+            Entry::Vacant(place) => {
+                let in_flight = HashMap::new();
+                place.insert(Handler {
+                    server,
+                    peer,
+                    in_flight,
+                });
+            }
+        }
+        // Closed meanwhile (a `DELETE` may come before this): `close_session` ends rmcp's
+        // session before it forgets the handler, so one of the two forgets it.
+        if !self.rmcp.has_session(&id).await.unwrap_or(false) {
+            self.lock().remove(&id);
+        }
     }
 
-    /// rmcp's worker of session `id` is about to see a message.
-    fn to_rmcp(&self, id: &SessionId) {
-        if let Some(handler) = self.lock().get_mut(id) {
-            handler.rmcp_saw = Instant::now();
-        }
+    /// Whether session `id` has a request answered here still running.
+    pub(crate) fn busy(&self, id: &SessionId) -> bool {
+        self.lock()
+            .get(id)
+            .is_some_and(|handler| !handler.in_flight.is_empty())
     }
 
     /// The server, the context and the place of a request of session `id` answered here; `None`
@@ -99,12 +110,9 @@ impl DirectSessions {
         id: &SessionId,
         request_id: &RequestId,
     ) -> Option<(McpServer, RequestContext<RoleServer>, InFlight)> {
-        let rmcp_idle = self.rmcp.session_config.keep_alive.map(|idle| idle / 2);
         let mut handlers = self.lock();
         let handler = handlers.get_mut(id)?;
-        if handler.in_flight.contains_key(request_id)
-            || rmcp_idle.is_some_and(|idle| handler.rmcp_saw.elapsed() >= idle)
-        {
+        if handler.in_flight.contains_key(request_id) || handler.peer.is_transport_closed() {
             return None;
         }
         let mut context = RequestContext::new(request_id.clone(), handler.peer.clone());
@@ -115,6 +123,7 @@ impl DirectSessions {
             handlers: self.handlers.clone(),
             session: id.clone(),
             request: request_id.clone(),
+            cancelled: context.ct.clone(),
         };
         context.ct = context.ct.child_token();
         Some((handler.server.clone(), context, in_flight))
@@ -137,11 +146,73 @@ impl DirectSessions {
     }
 }
 
+impl DirectSessions {
+    /// The stream of a request answered here: a priming event, if rmcp sends one, and the
+    /// answer, unless the client cancelled the request (rmcp sends none then either).
+    async fn answer(
+        &self,
+        mut request: JsonRpcRequest<ClientRequest>,
+        (server, mut context, in_flight): (McpServer, RequestContext<RoleServer>, InFlight),
+    ) -> Result<
+        impl Stream<Item = ServerSseMessage> + Send + Sync + 'static,
+        LocalSessionManagerError,
+    > {
+        // As rmcp's service loop builds a request's context.
+        std::mem::swap(&mut context.meta, request.request.get_meta_mut());
+        std::mem::swap(&mut context.extensions, request.request.extensions_mut());
+        let stream = random_stream_id();
+        let events = self.rmcp.event_store();
+        let priming = match self.rmcp.session_config.sse_retry {
+            Some(retry) => {
+                let priming = ServerSseMessage::retry(retry);
+                Some(Self::stored(events.clone(), &stream, priming).await?)
+            }
+            None => None,
+        };
+        let answer = async move {
+            let request_id = context.id.clone();
+            let answer = match server.handle_request(request.request, context).await {
+                Ok(result) => ServerJsonRpcMessage::response(result, request_id),
+                Err(error) => ServerJsonRpcMessage::error(error, Some(request_id)),
+            };
+            if in_flight.cancelled.is_cancelled() {
+                return None;
+            }
+            drop(in_flight);
+            let answer = ServerSseMessage::from_message(answer);
+            match Self::stored(events, &stream, answer.clone()).await {
+                Ok(stored) => Some(stored),
+                Err(error) => {
+                    tracing::warn!(%error, "an MCP answer not kept for resumption");
+                    Some(answer)
+                }
+            }
+        };
+        // rmcp's HTTP service asks a stream to be `Sync`; the request is polled by one task only.
+        let answer =
+            futures::stream::once(Detaching(Some(Box::pin(answer)))).filter_map(std::future::ready);
+        let answer = sync_wrapper::SyncStream::new(answer);
+        Ok(futures::stream::iter(priming).chain(answer))
+    }
+}
+
+/// Whether a request of this kind is answered here once its session is initialized.
+fn answered_here(request: &ClientRequest) -> bool {
+    matches!(
+        request,
+        ClientRequest::CallToolRequest(_)
+            | ClientRequest::ListToolsRequest(_)
+            | ClientRequest::PingRequest(_)
+    )
+}
+
 /// A request answered here, until it finishes or its stream is dropped.
 struct InFlight {
     handlers: Arc<Handlers>,
     session: SessionId,
     request: RequestId,
+    /// Cancelled by the client's `notifications/cancelled` or by the session's end.
+    cancelled: CancellationToken,
 }
 
 impl Drop for InFlight {
@@ -173,6 +244,8 @@ impl SessionManager for DirectSessions {
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        // rmcp's first: a `register` after this finds no session (see there).
+        let closed = self.rmcp.close_session(id).await;
         // As rmcp ends its requests with the session.
         if let Some(handler) = self.lock().remove(id) {
             handler
@@ -180,7 +253,7 @@ impl SessionManager for DirectSessions {
                 .values()
                 .for_each(CancellationToken::cancel);
         }
-        self.rmcp.close_session(id).await
+        closed
     }
 
     async fn create_stream(
@@ -188,57 +261,16 @@ impl SessionManager for DirectSessions {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        let ClientJsonRpcMessage::Request(mut request) = message else {
-            self.to_rmcp(id);
-            return Ok(self.rmcp.create_stream(id, message).await?.left_stream());
-        };
-        let answered_here = matches!(
-            request.request,
-            ClientRequest::CallToolRequest(_)
-                | ClientRequest::ListToolsRequest(_)
-                | ClientRequest::PingRequest(_)
-        );
-        let taken = answered_here
-            .then(|| self.take_request(id, &request.id))
-            .flatten();
-        let Some((server, mut context, in_flight)) = taken else {
-            self.to_rmcp(id);
-            let message = ClientJsonRpcMessage::Request(request);
-            return Ok(self.rmcp.create_stream(id, message).await?.left_stream());
-        };
-        // As rmcp's service loop builds a request's context.
-        std::mem::swap(&mut context.meta, request.request.get_meta_mut());
-        std::mem::swap(&mut context.extensions, request.request.extensions_mut());
-        let stream = random_stream_id();
-        let retry = self.rmcp.session_config.sse_retry;
-        let priming = match retry {
-            Some(retry) => {
-                let priming = ServerSseMessage::retry(retry);
-                Some(Self::stored(self.rmcp.event_store(), &stream, priming).await?)
-            }
-            None => None,
-        };
-        let events = self.rmcp.event_store();
-        let answer = async move {
-            let request_id = context.id.clone();
-            let answer = match server.handle_request(request.request, context).await {
-                Ok(result) => ServerJsonRpcMessage::response(result, request_id),
-                Err(error) => ServerJsonRpcMessage::error(error, Some(request_id)),
-            };
-            drop(in_flight);
-            let answer = ServerSseMessage::from_message(answer);
-            match Self::stored(events, &stream, answer.clone()).await {
-                Ok(stored) => stored,
-                Err(error) => {
-                    tracing::warn!(%error, "an MCP answer not kept for resumption");
-                    answer
+        let message = match message {
+            ClientJsonRpcMessage::Request(request) if answered_here(&request.request) => {
+                match self.take_request(id, &request.id) {
+                    Some(taken) => return Ok(self.answer(request, taken).await?.right_stream()),
+                    None => ClientJsonRpcMessage::Request(request),
                 }
             }
+            message => message,
         };
-        // rmcp's HTTP service asks a stream to be `Sync`; the request is polled by one task only.
-        let answer = futures::stream::once(Detaching(Some(Box::pin(answer))));
-        let answer = sync_wrapper::SyncStream::new(answer);
-        Ok(futures::stream::iter(priming).chain(answer).right_stream())
+        Ok(self.rmcp.create_stream(id, message).await?.left_stream())
     }
 
     async fn accept_message(
@@ -254,7 +286,6 @@ impl SessionManager for DirectSessions {
         {
             call.cancel();
         }
-        self.to_rmcp(id);
         self.rmcp.accept_message(id, message).await
     }
 
@@ -262,7 +293,6 @@ impl SessionManager for DirectSessions {
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.to_rmcp(id);
         self.rmcp.create_standalone_stream(id).await
     }
 
@@ -288,20 +318,26 @@ impl SessionManager for DirectSessions {
 
 /// A request that finishes even when its client goes away: its answer is kept for a resume, as
 /// rmcp's task per request keeps running. Dropped unfinished, it moves to a task of its own.
-struct Detaching<F: Future<Output = ServerSseMessage> + Send + 'static>(Option<Pin<Box<F>>>);
+struct Detaching<F: Future<Output = Answer> + Send + 'static>(Option<Pin<Box<F>>>);
 
-impl<F: Future<Output = ServerSseMessage> + Send + 'static> Future for Detaching<F> {
-    type Output = ServerSseMessage;
+/// A request's answer; none when the client cancelled it.
+type Answer = Option<ServerSseMessage>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ServerSseMessage> {
-        let call = self.0.as_mut().expect("polled after it finished");
-        let answer = std::task::ready!(call.as_mut().poll(cx));
-        self.0 = None;
-        Poll::Ready(answer)
+impl<F: Future<Output = Answer> + Send + 'static> Future for Detaching<F> {
+    type Output = Answer;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
+        // Out while it runs: a call that panics is not run again by `drop`.
+        let mut call = self.0.take().expect("polled after it finished");
+        let answer = call.as_mut().poll(cx);
+        if answer.is_pending() {
+            self.0 = Some(call);
+        }
+        answer
     }
 }
 
-impl<F: Future<Output = ServerSseMessage> + Send + 'static> Drop for Detaching<F> {
+impl<F: Future<Output = Answer> + Send + 'static> Drop for Detaching<F> {
     fn drop(&mut self) {
         if let Some(call) = self.0.take()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
@@ -317,4 +353,132 @@ fn random_stream_id() -> String {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).expect("the OS gives random bytes");
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bridges::Disclosure;
+    use crate::mcp::McpTenant;
+    use crate::testing::host_where_acme_has_a_tool;
+    use axum::body::Body;
+    use rmcp::model::NumberOrString;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    use serde_json::{Value, json};
+    use std::time::Duration;
+
+    /// `acme`'s MCP sessions over HTTP, as the server serves them.
+    struct Served {
+        sessions: Arc<DirectSessions>,
+        service: StreamableHttpService<McpServer, DirectSessions>,
+    }
+
+    impl Served {
+        async fn new() -> Self {
+            let host = host_where_acme_has_a_tool().await;
+            let disclosure = Arc::new(Disclosure::new(host.clone(), Default::default()));
+            let sessions = Arc::new(DirectSessions::new(LocalSessionManager::default()));
+            let direct = Arc::downgrade(&sessions);
+            let new_server = move || {
+                let (host, disclosure) = (host.clone(), disclosure.clone());
+                let server =
+                    McpServer::http(host, disclosure, Default::default(), Default::default());
+                Ok(server.answered_in_place_by(direct.clone()))
+            };
+            let config = StreamableHttpServerConfig::default();
+            let service = StreamableHttpService::new(new_server, sessions.clone(), config);
+            Served { sessions, service }
+        }
+
+        /// Sends `body`; the session the answer names, if any.
+        async fn send(&self, method: &str, session: Option<&str>, body: Value) -> Option<String> {
+            let mut request = axum::http::Request::builder()
+                .method(method)
+                .uri("/mcp")
+                .header("host", "127.0.0.1")
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2025-06-18");
+            if let Some(session) = session {
+                request = request.header("mcp-session-id", session);
+            }
+            let mut request = request.body(Body::from(body.to_string())).unwrap();
+            request.extensions_mut().insert(McpTenant("acme".into()));
+            let response = self.service.handle(request).await;
+            let session = response.headers().get("mcp-session-id");
+            session.map(|id| id.to_str().unwrap().to_owned())
+        }
+
+        /// A new session, once it has said `notifications/initialized`.
+        async fn initialized(&self) -> SessionId {
+            let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "quick", "version": "1"}}});
+            let session = self.send("POST", None, initialize).await.unwrap();
+            self.send("POST", Some(&session), initialized()).await;
+            session.into()
+        }
+    }
+
+    fn initialized() -> Value {
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    }
+
+    /// A client may end its session right after it says it is initialized, before the
+    /// session's task has handled that: each time, no handler is left behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_ended_as_it_is_initialized_leaves_no_handler() {
+        let served = Served::new().await;
+        for _ in 0..200 {
+            let session = served.initialized().await;
+            served.send("DELETE", Some(&session), Value::Null).await;
+        }
+        // Each session's task has finished with its notification.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(served.sessions.lock().len(), 0);
+    }
+
+    /// `notifications/initialized` said again keeps the session's calls in flight, and
+    /// `notifications/cancelled` still reaches them.
+    #[tokio::test]
+    async fn initialized_said_again_keeps_the_calls_in_flight() {
+        let served = Served::new().await;
+        let session = served.initialized().await;
+        let (server, peer) = loop {
+            if let Some(handler) = served.sessions.lock().get(&session) {
+                break (handler.server.clone(), handler.peer.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        let call = NumberOrString::Number(7);
+        let (_, _, in_flight) = served.sessions.take_request(&session, &call).unwrap();
+        served
+            .sessions
+            .register(session.clone(), server, peer)
+            .await;
+        assert!(served.sessions.busy(&session));
+        let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": 7}});
+        served.send("POST", Some(&session), cancel).await;
+        assert!(in_flight.cancelled.is_cancelled());
+        drop(in_flight);
+        assert!(!served.sessions.busy(&session));
+    }
+
+    /// A call that panics fails its request only: it is not run again as one detached.
+    #[tokio::test]
+    async fn a_call_that_panics_is_not_run_again() {
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = runs.clone();
+        let call = std::future::poll_fn(move |_| -> Poll<Answer> {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            panic!("a bug in a handler")
+        });
+        let failed = tokio::spawn(Detaching(Some(Box::pin(call)))).await;
+        assert!(failed.unwrap_err().is_panic());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
 }

@@ -381,7 +381,9 @@ impl ServerHandler for McpServer {
         if let Some(sessions) = self.direct.as_ref().and_then(Weak::upgrade)
             && let Some(id) = session_id(&context.extensions)
         {
-            sessions.register(id, self.clone(), context.peer.clone());
+            sessions
+                .register(id, self.clone(), context.peer.clone())
+                .await;
         }
         if self.watching.swap(true, Ordering::AcqRel) {
             return;

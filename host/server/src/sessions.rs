@@ -1,10 +1,12 @@
 //! Bounds on MCP sessions. Each session holds memory until it ends (20,000 took 1.1 GiB), so
-//! there is a cap in all and one per tenant, and a session unused for `idle` is closed. A
-//! refused `initialize` is a clear error; a client whose session was closed gets 404 and
-//! starts a new one, as the protocol says.
+//! there is a cap in all and one per tenant, and a session with no request for `idle` is
+//! closed (within a quarter more; never while a call of it runs). A refused `initialize` is
+//! a clear error; a client whose session was closed gets 404 and starts a new one, as the
+//! protocol says.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rmcp::transport::streamable_http_server::SessionManager;
@@ -72,6 +74,8 @@ pub(crate) struct Sessions {
     /// The shared store sessions are also kept in, if any: an idle one closed here is
     /// forgotten there too.
     shared: Option<Arc<dyn Store>>,
+    /// Whether a task closes idle sessions (from the first session on).
+    sweeping: AtomicBool,
 }
 
 /// A place held for one `initialize` until its answer names the session (or it fails).
@@ -88,6 +92,7 @@ impl Sessions {
             limits,
             open: Mutex::new(Open::default()),
             shared: None,
+            sweeping: AtomicBool::new(false),
         }
     }
 
@@ -106,8 +111,9 @@ impl Sessions {
         let tenant: Arc<str> = tenant.into();
         let mut manager = LocalSessionManager::default()
             .with_event_store(Arc::new(self.events.of_tenant(tenant.clone())));
-        // rmcp's own idle timeout ends the session's worker; ours also forgets its handle.
-        manager.session_config.keep_alive = Some(self.limits.idle);
+        // rmcp's worker does not see the requests answered in place, so its idle timer would
+        // close busy sessions: `close_idle` closes them instead.
+        manager.session_config.keep_alive = None;
         let manager = Arc::new(DirectSessions::new(manager));
         managers.insert(tenant, manager.clone());
         manager
@@ -117,17 +123,23 @@ impl Sessions {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Holds a place for a new session of `tenant`, after closing the idle ones.
-    pub(crate) async fn admit(self: &Arc<Self>, tenant: &str) -> Result<Opening, Refused> {
+    /// Closes the sessions with no request for the idle time. A session with a call running
+    /// is in use: it counts as seen now.
+    async fn close_idle(&self) {
         let idle: Vec<(SessionId, Arc<str>)> = {
             let mut open = self.lock();
             let now = Instant::now();
-            let idle: Vec<(SessionId, Arc<str>)> = open
-                .sessions
-                .iter()
-                .filter(|(_, s)| now.duration_since(s.last_seen) >= self.limits.idle)
-                .map(|(id, s)| (id.clone(), s.tenant.clone()))
-                .collect();
+            let mut idle = Vec::new();
+            for (id, session) in &mut open.sessions {
+                if now.duration_since(session.last_seen) < self.limits.idle {
+                    continue;
+                }
+                if self.manager(&session.tenant).busy(id) {
+                    session.last_seen = now;
+                } else {
+                    idle.push((id.clone(), session.tenant.clone()));
+                }
+            }
             for (id, _) in &idle {
                 open.sessions.remove(id);
             }
@@ -142,6 +154,33 @@ impl Sessions {
                 tracing::warn!(%error, "an idle MCP session not forgotten by the store");
             }
         }
+    }
+
+    /// From the first session on, a task closes idle sessions every quarter of the idle time,
+    /// until these sessions are dropped.
+    fn sweep_in_background(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let sessions = Arc::downgrade(self);
+        let every = (self.limits.idle / 4).max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(sessions) = Weak::upgrade(&sessions) else {
+                    return;
+                };
+                sessions.close_idle().await;
+            }
+        });
+    }
+
+    /// Holds a place for a new session of `tenant`, after closing the idle ones.
+    pub(crate) async fn admit(self: &Arc<Self>, tenant: &str) -> Result<Opening, Refused> {
+        self.sweep_in_background();
+        self.close_idle().await;
         let mut open = self.lock();
         let tenant: Arc<str> = tenant.into();
         if open.sessions.len() + open.opening >= self.limits.max_sessions {
@@ -317,5 +356,22 @@ mod tests {
         assert_eq!(sessions.admit("b").await.err(), Some(Refused::Host(1)));
         tokio::time::advance(Duration::from_secs(2)).await;
         sessions.admit("b").await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_sessions_are_closed_without_a_new_session_coming() {
+        let sessions = Arc::new(Sessions::new(limits(10, 10)));
+        sessions.admit("a").await.unwrap().opened("s1");
+        sessions.admit("a").await.unwrap().opened("s2");
+        // s2 is in use until 70 s; s1 is not after 0 s.
+        for _ in 0..7 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            assert!(sessions.seen("a", "s2"));
+        }
+        assert!(!sessions.seen("a", "s1"), "closed within 75 s");
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert!(sessions.seen("a", "s2"));
+        tokio::time::sleep(Duration::from_secs(76)).await;
+        assert!(!sessions.seen("a", "s2"));
     }
 }
