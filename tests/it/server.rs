@@ -1345,13 +1345,7 @@ async fn a_session_used_for_calls_alone_stays_open_for_the_idle_time_after_its_l
 #[tokio::test]
 async fn an_initialized_sessions_calls_run_without_a_task_of_their_own() {
     let api = api().await;
-    let slow = ToolSpec::new("slow", "Takes a while.", json!({"type": "object"}));
-    (api.host.natives())
-        .register(slow, |_, _, _| async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            Ok(json!("done"))
-        })
-        .unwrap();
+    register_slow_tool(&api.host, Duration::from_millis(300), "done");
     let router = router(api.host.clone(), session_caps(10, 10));
     let initialize = initialize_message("counted");
     let (status, session, body) = mcp_send(&router, "POST", &api.acme, None, initialize).await;
@@ -1403,13 +1397,7 @@ async fn an_initialized_sessions_calls_run_without_a_task_of_their_own() {
 #[tokio::test]
 async fn a_cancelled_call_gets_no_answer() {
     let api = api().await;
-    let slow = ToolSpec::new("slow", "Takes a while.", json!({"type": "object"}));
-    (api.host.natives())
-        .register(slow, |_, _, _| async {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            Ok(json!("late"))
-        })
-        .unwrap();
+    register_slow_tool(&api.host, Duration::from_millis(500), "late");
     let router = router(api.host.clone(), session_caps(10, 10));
     let session = initialized_session(&router, &api.acme, "cancels").await;
     let call = |id: u64| {
@@ -1434,6 +1422,17 @@ async fn a_cancelled_call_gets_no_answer() {
     let (status, _, body) = mcp_send(&router, "POST", &api.acme, Some(&session), call(8)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body.contains("late") && body.contains("\"id\":8"), "{body}");
+}
+
+/// Registers the native tool `slow`, which answers `result` after `taking`.
+fn register_slow_tool(host: &Host, taking: Duration, result: &'static str) {
+    let slow = ToolSpec::new("slow", "Takes a while.", json!({"type": "object"}));
+    (host.natives())
+        .register(slow, move |_, _, _| async move {
+            tokio::time::sleep(taking).await;
+            Ok(json!(result))
+        })
+        .unwrap();
 }
 
 /// A session initialized (`initialize`, then `notifications/initialized`) for `key`.
