@@ -1333,8 +1333,8 @@ async fn a_session_used_for_calls_alone_stays_open_for_the_idle_time_after_its_l
     // Silent for most of the idle time: still open.
     tokio::time::sleep(Duration::from_millis(700)).await;
     answered(call().await);
-    // Silent for the idle time and a quarter more: closed, and the client told to start over.
-    tokio::time::sleep(Duration::from_millis(1400)).await;
+    // Silent past the idle time and a quarter more: closed, and the client told to start over.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     let (status, _, body) = call().await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
 }
@@ -1345,7 +1345,7 @@ async fn a_session_used_for_calls_alone_stays_open_for_the_idle_time_after_its_l
 #[tokio::test]
 async fn an_initialized_sessions_calls_run_without_a_task_of_their_own() {
     let api = api().await;
-    register_slow_tool(&api.host, Duration::from_millis(300), "done");
+    register_slow_tool(&api.host, Duration::from_millis(600), "done");
     let router = router(api.host.clone(), session_caps(10, 10));
     let initialize = initialize_message("counted");
     let (status, session, body) = mcp_send(&router, "POST", &api.acme, None, initialize).await;
@@ -1364,7 +1364,7 @@ async fn an_initialized_sessions_calls_run_without_a_task_of_their_own() {
         let ((status, _, body), during) = tokio::join!(
             mcp_send(&router, "POST", &api.acme, Some(&session), call),
             async {
-                tokio::time::sleep(Duration::from_millis(150)).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
                 tasks()
             }
         );
@@ -1397,7 +1397,7 @@ async fn an_initialized_sessions_calls_run_without_a_task_of_their_own() {
 #[tokio::test]
 async fn a_cancelled_call_gets_no_answer() {
     let api = api().await;
-    register_slow_tool(&api.host, Duration::from_millis(500), "late");
+    register_slow_tool(&api.host, Duration::from_millis(1000), "late");
     let router = router(api.host.clone(), session_caps(10, 10));
     let session = initialized_session(&router, &api.acme, "cancels").await;
     let call = |id: u64| {
@@ -1409,7 +1409,7 @@ async fn a_cancelled_call_gets_no_answer() {
     let ((status, _, body), cancelled) = tokio::join!(
         mcp_send(&router, "POST", &api.acme, Some(&session), call(7)),
         async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
             mcp_send(&router, "POST", &api.acme, Some(&session), cancel).await
         }
     );
