@@ -794,6 +794,48 @@ fn mcp_stream(addr: std::net::SocketAddr, key: &str, session: &str) -> std::net:
     stream
 }
 
+/// A node whose tenant's share of sessions is full cannot take over a session opened on
+/// another node: the client is told to start a new one (404), as it would be told at the cap,
+/// and the session is not served there uncounted (nothing would ever close it).
+#[test]
+fn a_session_a_node_has_no_place_for_is_not_served_there() {
+    use serde_json::json;
+    let db = Database::fresh();
+    let dir = tempfile::tempdir().unwrap();
+    let key = db.tenant(dir.path(), "acme", "{}", "agent");
+    let a = node(&db, dir.path(), "a");
+    let store = std::ffi::OsString::from(&db.url);
+    let envs = [
+        ("TOOLHOST_STORE", store.as_os_str()),
+        ("TOOLHOST_MCP_MAX_SESSIONS_PER_TENANT", "1".as_ref()),
+    ];
+    let b = Server::start(&dir.path().join("b"), crate::plugins::artifact_dir(), &envs);
+    let open = |addr| {
+        let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "cluster-test", "version": "1"}}});
+        let (status, session, body) = mcp_post(addr, &key, None, initialize);
+        assert_eq!(status, 200, "{body}");
+        let session = session.expect("a session id");
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let (status, _, body) = mcp_post(addr, &key, Some(&session), initialized);
+        assert!(status == 202 || status == 200, "{status} {body}");
+        session
+    };
+    let (on_b, on_a) = (open(b.addr), open(a.addr));
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+    let (status, _, body) = mcp_post(b.addr, &key, Some(&on_a), ping.clone());
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("no such MCP session"), "{body}");
+    // b's own session, and a's on a, go on.
+    for (addr, session) in [(b.addr, &on_b), (a.addr, &on_a)] {
+        let (status, _, body) = mcp_post(addr, &key, Some(session), ping.clone());
+        assert_eq!(status, 200, "{body}");
+    }
+    a.stop();
+    b.stop();
+}
+
 #[test]
 fn an_mcp_session_opened_on_one_node_goes_on_on_another() {
     use serde_json::json;

@@ -1377,7 +1377,7 @@ async fn an_initialized_sessions_calls_run_without_a_task_of_their_own() {
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     let sent = mcp_send(&router, "POST", &api.acme, Some(&session), initialized).await;
     assert_eq!(sent.0, StatusCode::ACCEPTED);
-    // Answered after the session's task has handled the notification (after its 202).
+    // As in `initialized_session`: in practice, the handler has registered once this is answered.
     let ping = json!({"jsonrpc": "2.0", "id": 6, "method": "ping"});
     assert_eq!(
         mcp_send(&router, "POST", &api.acme, Some(&session), ping)
@@ -1444,7 +1444,8 @@ async fn initialized_session(router: &Router, key: &str, client: &str) -> String
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     let sent = mcp_send(router, "POST", key, Some(&session), initialized).await;
     assert_eq!(sent.0, StatusCode::ACCEPTED);
-    // Answered after the session's task has handled the notification (after its 202).
+    // rmcp handles the notification in a task of its own, after its 202; the handler registers
+    // before its first await, and this ping, taking rmcp's way, comes after that in practice.
     let ping = json!({"jsonrpc": "2.0", "id": 0, "method": "ping"});
     let pong = mcp_send(router, "POST", key, Some(&session), ping).await;
     assert_eq!(pong.0, StatusCode::OK, "{pong:?}");

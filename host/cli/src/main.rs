@@ -115,13 +115,13 @@ enum Command {
         #[arg(long, env = "TOOLHOST_ALLOW_ORIGIN", value_delimiter = ',')]
         allow_origin: Vec<String>,
         /// MCP sessions open at once, over all tenants; more get 503.
-        #[arg(long, default_value_t = SessionLimits::default().max_sessions)]
+        #[arg(long, env = "TOOLHOST_MCP_MAX_SESSIONS", default_value_t = SessionLimits::default().max_sessions)]
         mcp_max_sessions: usize,
         /// MCP sessions one tenant may have open at once; more get 429.
-        #[arg(long, default_value_t = SessionLimits::default().max_per_tenant)]
+        #[arg(long, env = "TOOLHOST_MCP_MAX_SESSIONS_PER_TENANT", default_value_t = SessionLimits::default().max_per_tenant)]
         mcp_max_sessions_per_tenant: usize,
         /// Seconds after which an MCP session with no request is closed.
-        #[arg(long, default_value_t = SessionLimits::default().idle.as_secs())]
+        #[arg(long, env = "TOOLHOST_MCP_SESSION_IDLE_SECS", default_value_t = SessionLimits::default().idle.as_secs())]
         mcp_session_idle_secs: u64,
         /// On SIGTERM, keep serving this long while /healthz answers 503, so a load
         /// balancer stops sending here before the port closes: longer than it takes to drop

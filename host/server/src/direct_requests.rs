@@ -14,8 +14,9 @@
 //! session idle, so its idle timer is off and [`crate::sessions`] closes idle sessions.
 //!
 //! Not kept from rmcp's way: a request the handler sent to the client during a call would go
-//! on the session's standalone stream rather than the call's (SEP-2260). toolhost's handler
-//! sends none.
+//! on the session's standalone stream rather than the call's (SEP-2260); toolhost's handler
+//! sends none. And a cancelled request's stream ends when its handler returns, not at once:
+//! a call follows its cancellation token, and a listing or a ping is over sooner.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -123,7 +124,7 @@ impl DirectSessions {
             handlers: self.handlers.clone(),
             session: id.clone(),
             request: request_id.clone(),
-            cancelled: context.ct.clone(),
+            token: context.ct.clone(),
         };
         context.ct = context.ct.child_token();
         Some((handler.server.clone(), context, in_flight))
@@ -175,7 +176,7 @@ impl DirectSessions {
                 Ok(result) => ServerJsonRpcMessage::response(result, request_id),
                 Err(error) => ServerJsonRpcMessage::error(error, Some(request_id)),
             };
-            if in_flight.cancelled.is_cancelled() {
+            if in_flight.token.is_cancelled() {
                 return None;
             }
             drop(in_flight);
@@ -212,7 +213,7 @@ struct InFlight {
     session: SessionId,
     request: RequestId,
     /// Cancelled by the client's `notifications/cancelled` or by the session's end.
-    cancelled: CancellationToken,
+    token: CancellationToken,
 }
 
 impl Drop for InFlight {
@@ -446,12 +447,16 @@ mod tests {
     async fn initialized_said_again_keeps_the_calls_in_flight() {
         let served = Served::new().await;
         let session = served.initialized().await;
-        let (server, peer) = loop {
-            if let Some(handler) = served.sessions.lock().get(&session) {
-                break (handler.server.clone(), handler.peer.clone());
+        let registered = async {
+            loop {
+                if let Some(handler) = served.sessions.lock().get(&session) {
+                    break (handler.server.clone(), handler.peer.clone());
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
         };
+        let registered = tokio::time::timeout(Duration::from_secs(10), registered).await;
+        let (server, peer) = registered.expect("the session's handler registers");
         let call = NumberOrString::Number(7);
         let (_, _, in_flight) = served.sessions.take_request(&session, &call).unwrap();
         served
@@ -462,7 +467,7 @@ mod tests {
         let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
             "params": {"requestId": 7}});
         served.send("POST", Some(&session), cancel).await;
-        assert!(in_flight.cancelled.is_cancelled());
+        assert!(in_flight.token.is_cancelled());
         drop(in_flight);
         assert!(!served.sessions.busy(&session));
     }

@@ -14,7 +14,7 @@ use axum::extract::{
     DefaultBodyLimit, FromRequest, FromRequestParts, Multipart, Path, Query, Request, State,
 };
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post, put};
 use axum::{Json, Router};
@@ -344,9 +344,6 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
             let body = if parts.method == axum::http::Method::POST {
                 match app.read_body(&tenant, body).await {
                     Ok(bytes) if batch::is_batch(&bytes) => {
-                        if open == Some(false) {
-                            return no_such_session().into_response();
-                        }
                         let service = &service;
                         let one =
                             |request| async move { service.handle(request).await.map(Body::new) };
@@ -411,34 +408,29 @@ fn refuse_before_rmcp(
     parts: &Parts,
     open: Option<bool>,
 ) -> Option<Response> {
-    if parts.method == axum::http::Method::GET && open.is_none() {
-        let message = "GET /mcp streams a session's messages: name it in the Mcp-Session-Id header";
-        return Some(
-            ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message).into_response(),
-        );
-    }
-    if open == Some(true)
-        && let Some(last) = parts.headers.get(LAST_EVENT_ID)
-        && let Err(why) = last
-            .to_str()
-            .map_err(|_| CannotResume::NotAnEventId)
-            .and_then(|last| app.mcp.sessions.check_resume(tenant, last))
-    {
-        let message = format!("cannot resume after this Last-Event-ID: {why}; send a new request");
-        let refusal = ApiError::new(StatusCode::CONFLICT, "cannot_resume", message);
-        return Some(refusal.into_response());
-    }
-    if parts.method != axum::http::Method::DELETE {
-        return None;
-    }
-    let refusal = match open {
-        None => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "DELETE /mcp ends the session named by the Mcp-Session-Id header",
-        ),
-        Some(false) => no_such_session(),
-        Some(true) => return None,
+    let bad = |message| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message);
+    let refusal = match (open, &parts.method) {
+        (None, &Method::GET) => {
+            bad("GET /mcp streams a session's messages: name it in the Mcp-Session-Id header")
+        }
+        (None, &Method::DELETE) => {
+            bad("DELETE /mcp ends the session named by the Mcp-Session-Id header")
+        }
+        // Not this node's to serve: rmcp would still answer a session being closed as idle,
+        // or restore from the shared store one this node could not count. (rmcp answers
+        // another method 405.)
+        (Some(false), &Method::GET | &Method::POST | &Method::DELETE) => no_such_session(),
+        (Some(false), _) => return None,
+        (Some(true), _) => {
+            let last = parts.headers.get(LAST_EVENT_ID)?;
+            let why = (last.to_str().map_err(|_| CannotResume::NotAnEventId))
+                .and_then(|last| app.mcp.sessions.check_resume(tenant, last))
+                .err()?;
+            let message =
+                format!("cannot resume after this Last-Event-ID: {why}; send a new request");
+            ApiError::new(StatusCode::CONFLICT, "cannot_resume", message)
+        }
+        (None, _) => return None,
     };
     Some(refusal.into_response())
 }

@@ -1,6 +1,7 @@
 //! Bounds on MCP sessions. Each session holds memory until it ends (20,000 took 1.1 GiB), so
 //! there is a cap in all and one per tenant, and a session with no request for `idle` is
-//! closed (within a quarter more; never while a call of it runs). A refused `initialize` is
+//! closed (within a quarter more; never while a call answered in place runs, as rmcp's way
+//! sees none of them). A refused `initialize` is
 //! a clear error; a client whose session was closed gets 404 and starts a new one, as the
 //! protocol says.
 
@@ -123,8 +124,8 @@ impl Sessions {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Closes the sessions with no request for the idle time. A session with a call running
-    /// is in use: it counts as seen now.
+    /// Closes the sessions with no request for the idle time. A session with a call answered
+    /// in place still running is in use: it counts as seen now.
     async fn close_idle(&self) {
         let idle: Vec<(SessionId, Arc<str>)> = {
             let mut open = self.lock();
