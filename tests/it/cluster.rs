@@ -83,13 +83,18 @@ impl Database {
 
 /// `toolhost serve --store` on the database, with a data directory of its own under `dir`.
 pub fn node(db: &Database, dir: &Path, name: &str) -> Server {
+    node_with(db, dir, name, &[])
+}
+
+/// As [`node`], with more of `toolhost serve`'s settings in its environment.
+fn node_with(db: &Database, dir: &Path, name: &str, envs: &[(&str, &str)]) -> Server {
     let data: PathBuf = dir.join(name);
     let store = std::ffi::OsString::from(&db.url);
-    Server::start(
-        &data,
-        crate::plugins::artifact_dir(),
-        &[("TOOLHOST_STORE", &store)],
-    )
+    let envs: Vec<(&str, &std::ffi::OsStr)> = [("TOOLHOST_STORE", store.as_os_str())]
+        .into_iter()
+        .chain(envs.iter().map(|(name, value)| (*name, value.as_ref())))
+        .collect();
+    Server::start(&data, crate::plugins::artifact_dir(), &envs)
 }
 
 /// As [`node`], on `addr` behind a [`Balancer`]: on SIGTERM it drains for three of the
@@ -778,6 +783,21 @@ fn mcp_post(
     (status, session, body.to_owned())
 }
 
+/// A new MCP session on `addr` for `key`, once it has said `notifications/initialized`.
+fn mcp_session(addr: std::net::SocketAddr, key: &str) -> String {
+    use serde_json::json;
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "cluster-test", "version": "1"}}});
+    let (status, session, body) = mcp_post(addr, key, None, initialize);
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (status, _, body) = mcp_post(addr, key, Some(&session), initialized);
+    assert!(status == 202 || status == 200, "{status} {body}");
+    session
+}
+
 /// A session's `GET /mcp` stream on `addr`, its head read; what follows is the stream.
 fn mcp_stream(addr: std::net::SocketAddr, key: &str, session: &str) -> std::net::TcpStream {
     use std::io::Write;
@@ -804,25 +824,13 @@ fn a_session_a_node_has_no_place_for_is_not_served_there() {
     let dir = tempfile::tempdir().unwrap();
     let key = db.tenant(dir.path(), "acme", "{}", "agent");
     let a = node(&db, dir.path(), "a");
-    let store = std::ffi::OsString::from(&db.url);
-    let envs = [
-        ("TOOLHOST_STORE", store.as_os_str()),
-        ("TOOLHOST_MCP_MAX_SESSIONS_PER_TENANT", "1".as_ref()),
-    ];
-    let b = Server::start(&dir.path().join("b"), crate::plugins::artifact_dir(), &envs);
-    let open = |addr| {
-        let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "cluster-test", "version": "1"}}});
-        let (status, session, body) = mcp_post(addr, &key, None, initialize);
-        assert_eq!(status, 200, "{body}");
-        let session = session.expect("a session id");
-        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        let (status, _, body) = mcp_post(addr, &key, Some(&session), initialized);
-        assert!(status == 202 || status == 200, "{status} {body}");
-        session
-    };
-    let (on_b, on_a) = (open(b.addr), open(a.addr));
+    let b = node_with(
+        &db,
+        dir.path(),
+        "b",
+        &[("TOOLHOST_MCP_MAX_SESSIONS_PER_TENANT", "1")],
+    );
+    let (on_b, on_a) = (mcp_session(b.addr, &key), mcp_session(a.addr, &key));
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
     let (status, _, body) = mcp_post(b.addr, &key, Some(&on_a), ping.clone());
     assert_eq!(status, 404, "{body}");
@@ -852,15 +860,7 @@ fn an_mcp_session_opened_on_one_node_goes_on_on_another() {
         http(b.addr, "GET", "/v1/tools/text_stats", &admin, b"").0 == 200
     });
 
-    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "cluster-test", "version": "1"}}});
-    let (status, session, body) = mcp_post(a.addr, &key, None, initialize);
-    assert_eq!(status, 200, "{body}");
-    let session = session.expect("a session id");
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let (status, _, body) = mcp_post(a.addr, &key, Some(&session), initialized);
-    assert!(status == 202 || status == 200, "{status} {body}");
+    let session = mcp_session(a.addr, &key);
 
     // The balancer sends the next request to node b, which has never seen the session.
     let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
