@@ -145,9 +145,7 @@ impl DirectSessions {
         }
         Ok(event)
     }
-}
 
-impl DirectSessions {
     /// The stream of a request answered here: a priming event, if rmcp sends one, and the
     /// answer, unless the client cancelled the request (rmcp sends none then either).
     async fn answer(
