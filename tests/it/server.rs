@@ -1130,6 +1130,86 @@ async fn a_client_that_stops_reading_its_responses_is_cut_off() {
     server.abort();
 }
 
+/// A client could ask for large answers on many connections and read none of them: each held
+/// its answer in the host's memory until the connection's write timeout, or forever if it read
+/// a byte now and then. One tenant's unread answers now hold at most
+/// `MAX_RESPONSE_BYTES_PER_TENANT`; past it its next answer is refused, and another tenant's
+/// is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_unread_answers_are_bounded_and_another_tenants_are_served() {
+    use toolhost_server::responses::MAX_RESPONSE_BYTES_PER_TENANT;
+    let api = api().await;
+    register_large_tool(&api.host);
+    let (addr, server) = serve_with(api.host.clone(), Default::default()).await;
+    let call = |key: &str| {
+        format!(
+            "POST /v1/tools/large/call HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+        )
+    };
+    // Each answer's status line, read from a client that takes only that much of it.
+    let ask = |key: String| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(addr).await.unwrap();
+        stream.write_all(call(&key).as_bytes()).await.unwrap();
+        let mut status = [0; 12];
+        stream.read_exact(&mut status).await.unwrap();
+        (String::from_utf8_lossy(&status).into_owned(), stream)
+    };
+    let room_for = MAX_RESPONSE_BYTES_PER_TENANT / 4_000_000;
+    let mut unread = Vec::new();
+    let refused = loop {
+        let (status, stream) = ask(api.acme.clone()).await;
+        if status != "HTTP/1.1 200" || unread.len() > 2 * room_for {
+            break (status, stream);
+        }
+        unread.push(stream);
+    };
+    let (status, mut stream) = refused;
+    assert_eq!(
+        status,
+        "HTTP/1.1 429",
+        "after {} unread answers",
+        unread.len()
+    );
+    assert!(
+        unread.len() >= room_for / 2,
+        "{} unread answers",
+        unread.len()
+    );
+    let mut body = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut body));
+    read.await.expect("the refusal arrives").unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("rate_limited") && body.contains("MiB, its limit"),
+        "{body}"
+    );
+    // globex's own answer is served whole.
+    let (status, mut stream) = ask(api.globex.clone()).await;
+    assert_eq!(status, "HTTP/1.1 200");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer));
+    read.await.expect("globex's answer arrives").unwrap();
+    assert!(answer.len() > 4_000_000, "{} bytes", answer.len());
+    assert!(answer.ends_with(b"}"), "globex's answer was cut short");
+    // Once acme's clients go, so do their answers, and acme is served again.
+    drop(unread);
+    let served = async {
+        loop {
+            if ask(api.acme.clone()).await.0 == "HTTP/1.1 200" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("acme is served once its unread answers are gone");
+    server.abort();
+}
+
 /// Each key has a role, and each route needs one: an agent's key cannot approve its own held
 /// call or install tools, nor reach private tools or pass the app's `data`.
 #[tokio::test]
@@ -1433,6 +1513,64 @@ fn register_slow_tool(host: &Host, taking: Duration, result: &'static str) {
             Ok(json!(result))
         })
         .unwrap();
+}
+
+/// Registers the native tool `large`, which answers 4 MB of text in one JSON answer: more
+/// than the host's socket buffer takes at once.
+fn register_large_tool(host: &Host) {
+    let mut large = ToolSpec::new("large", "Answers 4 MB.", json!({"type": "object"}));
+    large.limits.max_result_chars = 1 << 20;
+    let text = "\u{1D11E}".repeat(1_000_000);
+    (host.natives())
+        .register(large, move |_, _, _| {
+            let text = text.clone();
+            async move { Ok(json!(text)) }
+        })
+        .unwrap();
+}
+
+/// An MCP answer in a session's stream is charged as it goes out: with its tenant's room full
+/// of unread answers, the stream ends before the answer, and carries it once they are read.
+#[tokio::test]
+async fn an_mcp_answer_past_its_tenants_room_ends_its_stream() {
+    let api = api().await;
+    register_large_tool(&api.host);
+    let session = initialized_session(&api.router, &api.acme, "full").await;
+    let rest_call = || {
+        Request::post("/v1/tools/large/call")
+            .header("authorization", format!("Bearer {}", api.acme))
+            .header("content-type", "application/json")
+            .body(Body::from("{}"))
+            .unwrap()
+    };
+    // Answers handed back and never read, as from clients that read none.
+    let mut unread = Vec::new();
+    loop {
+        let answer = tower::ServiceExt::oneshot(api.router.clone(), rest_call());
+        let answer = answer.await.unwrap();
+        if answer.status() == StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        assert_eq!(answer.status(), StatusCode::OK);
+        unread.push(answer);
+        assert!(unread.len() < 100, "no answer is refused");
+    }
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "large", "arguments": {}}});
+    let request = mcp_request("POST", &api.acme, Some(&session), call.clone());
+    let answer = tower::ServiceExt::oneshot(api.router.clone(), request);
+    let answer = answer.await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let cut = answer.into_body().collect().await;
+    assert!(cut.is_err(), "the stream ended before its answer");
+    drop(unread);
+    let (status, _, body) = mcp_send(&api.router, "POST", &api.acme, Some(&session), call).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        body.contains("\u{1D11E}\u{1D11E}"),
+        "{}",
+        &body[..body.len().min(300)]
+    );
 }
 
 /// A session initialized (`initialize`, then `notifications/initialized`) for `key`.

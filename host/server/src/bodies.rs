@@ -12,7 +12,7 @@ use axum::body::{Body, Bytes};
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::per_tenant::TenantSemaphores;
+use crate::per_tenant::{TenantSemaphores, charged};
 
 /// The longest a request's body may take to arrive.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -88,19 +88,7 @@ async fn read_within(body: Body, limit: usize, room: &Arc<Semaphore>) -> Result<
         Ok([one]) => one,
         Err(chunks) => Bytes::from(chunks.concat()),
     };
-    Ok(Bytes::from_owner(Held { bytes, _held: held }))
-}
-
-/// A body's bytes with the tenant's room they take, given back when the last copy drops.
-struct Held {
-    bytes: Bytes,
-    _held: OwnedSemaphorePermit,
-}
-
-impl AsRef<[u8]> for Held {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
-    }
+    Ok(charged(bytes, held))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub mod events;
 pub mod listener;
 pub mod mcp;
 mod per_tenant;
+pub mod responses;
 pub mod server;
 pub mod sessions;
 #[cfg(test)]

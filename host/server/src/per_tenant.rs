@@ -1,10 +1,11 @@
 //! One semaphore per tenant, made on its first use: the server's per-tenant bounds (bytes of
-//! request bodies, requests in flight) are each a [`TenantSemaphores`].
+//! request and response bodies, requests in flight) are each a [`TenantSemaphores`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Semaphore;
+use axum::body::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Each tenant's semaphore of `permits`.
 pub(crate) struct TenantSemaphores {
@@ -30,5 +31,21 @@ impl TenantSemaphores {
         let semaphore = Arc::new(Semaphore::new(self.permits));
         tenants.insert(tenant.to_owned(), semaphore.clone());
         semaphore
+    }
+}
+
+/// `bytes` holding `room` of their tenant's until the last copy of them drops.
+pub(crate) fn charged(bytes: Bytes, room: OwnedSemaphorePermit) -> Bytes {
+    Bytes::from_owner(Charged { bytes, _room: room })
+}
+
+struct Charged {
+    bytes: Bytes,
+    _room: OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for Charged {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
     }
 }

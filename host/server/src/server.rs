@@ -43,6 +43,7 @@ use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
 use crate::mcp::{Listens, Listings, McpServer, McpTenant};
 use crate::per_tenant::TenantSemaphores;
+use crate::responses::{Payer, Responses};
 use crate::sessions::{Refused, SessionLimits, Sessions, StoredSessions};
 
 /// Every request but an upload.
@@ -64,6 +65,8 @@ struct App {
     uploads: Arc<Places>,
     /// Each tenant's request bodies in memory.
     bodies: Arc<Bodies>,
+    /// Each tenant's responses not yet taken by their clients.
+    responses: Arc<Responses>,
     /// Each tenant's requests in flight on the routes without a bound of their own.
     requests: Arc<TenantSemaphores>,
 }
@@ -175,6 +178,7 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
         draining: stopping.draining,
         uploads: Arc::new(Places::new(MAX_UPLOADS, MAX_UPLOADS_PER_TENANT)),
         bodies: Arc::default(),
+        responses: Arc::default(),
         requests: Arc::new(TenantSemaphores::new(MAX_REQUESTS_PER_TENANT)),
     };
     // Routes that no bound of their own covers: each tenant's requests to them go a few at
@@ -220,6 +224,10 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
             },
         )
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            within_response_bytes,
+        ))
         .layer(axum::middleware::map_response(errors_in_one_shape))
         .layer(axum::middleware::map_response_with_state(
             app.draining.clone(),
@@ -650,8 +658,8 @@ impl From<ManageError> for ApiError {
     }
 }
 
-/// The caller's tenant, from its API key.
-/// The caller's API key: its tenant and role.
+/// The caller's API key: its tenant and role. Its tenant pays for the response
+/// ([`within_response_bytes`]).
 struct Key(KeyRecord);
 
 impl Key {
@@ -697,15 +705,21 @@ impl FromRequestParts<App> for Key {
             )
         };
         // Already found by `within_requests`.
-        if let Some(record) = parts.extensions.get::<KeyRecord>() {
-            return Ok(Key(record.clone()));
+        let record = match parts.extensions.get::<KeyRecord>() {
+            Some(record) => record.clone(),
+            None => {
+                let key = bearer(&parts.headers).ok_or_else(unauthorized)?;
+                match app.host.authenticate(key).await {
+                    Ok(Some(record)) => record,
+                    Ok(None) => return Err(unauthorized()),
+                    Err(error) => return Err(ApiError::internal(error)),
+                }
+            }
+        };
+        if let Some(payer) = parts.extensions.get::<Payer>() {
+            payer.is(&record.tenant);
         }
-        let key = bearer(&parts.headers).ok_or_else(unauthorized)?;
-        match app.host.authenticate(key).await {
-            Ok(Some(record)) => Ok(Key(record)),
-            Ok(None) => Err(unauthorized()),
-            Err(error) => Err(ApiError::internal(error)),
-        }
+        Ok(Key(record))
     }
 }
 
@@ -744,6 +758,27 @@ async fn within_requests(
             ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message).into_response()
         }
     }
+}
+
+/// Charges each keyed response's bytes to the key's tenant until they are written
+/// ([`crate::responses`]); a response its tenant has no room for is refused.
+async fn within_response_bytes(
+    State(app): State<App>,
+    mut request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let payer = Payer::default();
+    request.extensions_mut().insert(payer.clone());
+    let response = next.run(request).await;
+    let Some(tenant) = payer.tenant() else {
+        return response;
+    };
+    app.responses
+        .charge(tenant, response)
+        .unwrap_or_else(|full| {
+            let status = StatusCode::TOO_MANY_REQUESTS;
+            ApiError::new(status, "rate_limited", full.to_string()).into_response()
+        })
 }
 
 /// The key in `Authorization: Bearer <key>`.
