@@ -9,7 +9,10 @@
 //! A response of known size (every JSON answer) is charged whole before it is sent, and refused
 //! if its tenant has no room. A stream (an MCP event stream) is charged frame by frame as hyper
 //! takes them, and a frame with no room ends the stream: an MCP client resumes it with
-//! `Last-Event-ID` once its other responses are read.
+//! `Last-Event-ID` once its other responses are read. Answers and frames under
+//! [`UNCOUNTED_BYTES`] pass without a charge, so most requests pay nothing: hyper polls a
+//! stream's next frame only when its write buffer (about 400 KiB) has room, and the listener's
+//! connection cap bounds how many such answers there are.
 
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -24,6 +27,9 @@ use crate::per_tenant::{TenantSemaphores, charged};
 
 /// The bytes one tenant's responses may hold at once, not yet taken by their clients.
 pub const MAX_RESPONSE_BYTES_PER_TENANT: usize = 128 << 20;
+
+/// Answers, and frames of a stream, smaller than this are not counted.
+pub const UNCOUNTED_BYTES: usize = 64 << 10;
 
 /// Each tenant's bytes of responses.
 pub(crate) struct Responses(TenantSemaphores);
@@ -62,10 +68,13 @@ impl Responses {
     /// `response` with its bytes charged to `tenant` until they are written; refused if its
     /// size is known and the tenant has no room for it.
     pub(crate) fn charge(&self, tenant: &str, response: Response) -> Result<Response, TenantFull> {
-        let room = self.0.of(tenant);
         let (parts, body) = response.into_parts();
-        let paid = match body.size_hint().exact() {
-            Some(0) => return Ok(Response::from_parts(parts, body)),
+        let size = body.size_hint().exact();
+        if size.is_some_and(|size| size < UNCOUNTED_BYTES as u64) {
+            return Ok(Response::from_parts(parts, body));
+        }
+        let room = self.0.of(tenant);
+        let paid = match size {
             Some(size) => Some(take(&room, size).ok_or(TenantFull)?),
             None => None,
         };
@@ -114,6 +123,9 @@ impl http_body::Body for ChargedBody {
         let size = data.len().min(MAX_RESPONSE_BYTES_PER_TENANT);
         let room = match this.paid.as_mut().and_then(|paid| paid.split(size)) {
             Some(room) => room,
+            None if data.len() < UNCOUNTED_BYTES => {
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
             None => match take(&this.room, data.len() as u64) {
                 Some(room) => room,
                 None => return Poll::Ready(Some(Err(axum::Error::new(TenantFull)))),
@@ -150,11 +162,12 @@ mod tests {
         let half = MAX_RESPONSE_BYTES_PER_TENANT / 2;
         let first = responses.charge("a", sized(half)).unwrap();
         let second = responses.charge("a", sized(half)).unwrap();
-        assert_eq!(responses.charge("a", sized(1)).err(), Some(TenantFull));
-        assert!(
-            responses.charge("b", sized(half)).is_ok(),
-            "b has room of its own"
-        );
+        let next = responses.charge("a", sized(UNCOUNTED_BYTES));
+        assert_eq!(next.err(), Some(TenantFull));
+        let small = responses.charge("a", sized(UNCOUNTED_BYTES - 1));
+        assert!(small.is_ok(), "a small answer is not counted");
+        let other = responses.charge("b", sized(half));
+        assert!(other.is_ok(), "b has room of its own");
         // The server takes the frame and drops the body; the frame waits for the socket.
         let mut body = first.into_body();
         let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
@@ -171,10 +184,6 @@ mod tests {
         // A response dropped unsent gives its room back.
         drop(second);
         assert_eq!(available(&responses, "a"), MAX_RESPONSE_BYTES_PER_TENANT);
-        let empty = responses.charge("a", Response::new(Body::empty())).unwrap();
-        assert_eq!(available(&responses, "a"), MAX_RESPONSE_BYTES_PER_TENANT);
-        let sent = empty.into_body().collect().await.unwrap().to_bytes();
-        assert!(sent.is_empty());
     }
 
     #[tokio::test]
@@ -183,7 +192,8 @@ mod tests {
         let whole = MAX_RESPONSE_BYTES_PER_TENANT + 10;
         let large = responses.charge("a", sized(whole)).unwrap();
         assert_eq!(available(&responses, "a"), 0);
-        assert_eq!(responses.charge("a", sized(1)).err(), Some(TenantFull));
+        let next = responses.charge("a", sized(UNCOUNTED_BYTES));
+        assert_eq!(next.err(), Some(TenantFull));
         let sent = large.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(sent.len(), whole);
         drop(sent);
@@ -191,19 +201,25 @@ mod tests {
     }
 
     /// A stream's size is not known up front: each frame is paid as it is taken, and a frame
-    /// with no room ends the stream, holding nothing.
+    /// with no room ends the stream, holding nothing; a small frame passes unpaid.
     #[tokio::test]
     async fn a_streams_frame_with_no_room_ends_the_stream() {
         let responses = Responses::default();
         let three_quarters = MAX_RESPONSE_BYTES_PER_TENANT / 4 * 3;
         let held = responses.charge("a", sized(three_quarters)).unwrap();
         let quarter = MAX_RESPONSE_BYTES_PER_TENANT / 4;
-        let frames = [Bytes::from(vec![b'.'; quarter]), Bytes::from_static(b"!")];
+        let frames = [
+            Bytes::from(vec![b'.'; quarter]),
+            Bytes::from_static(b"small"),
+            Bytes::from(vec![b'!'; UNCOUNTED_BYTES]),
+        ];
         let stream = futures::stream::iter(frames.map(Ok::<_, std::io::Error>));
         let response = responses.charge("a", Response::new(Body::from_stream(stream)));
         let mut body = response.unwrap().into_body();
         let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(first.len(), quarter, "the first frame fits");
+        let small = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(small, "small");
         let refused = body.frame().await.unwrap();
         let error = refused.unwrap_err().into_inner();
         assert_eq!(error.to_string(), TenantFull.to_string());
