@@ -475,6 +475,7 @@ async fn outbound_http_reaches_granted_destinations_only() {
     // ...unless the operator allows that address.
     let open = fixture(EgressConfig {
         allow_private: vec!["127.0.0.0/8".parse().unwrap(), "::1".parse().unwrap()],
+        ..Default::default()
     })
     .await;
     grant(

@@ -95,6 +95,7 @@ async fn loopback_host() -> Host {
     Host::open(HostConfig {
         egress: EgressConfig {
             allow_private: vec!["127.0.0.1".parse().unwrap()],
+            ..Default::default()
         },
         ..crate::plugins::config()
     })
@@ -443,6 +444,64 @@ async fn private_addresses_need_the_operators_grant() {
     assert!(server.seen().is_empty(), "nothing was sent");
 }
 
+/// Each closed connection keeps a local port for a minute: a tenant opening hundreds a second
+/// would use up the ports to its destination, for every tenant. One tenant's new connections go
+/// 100 a second after a burst of 100, and another tenant's go at once meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_new_connections_are_paced_and_another_tenants_are_not() {
+    use toolhost::egress::NEW_CONNECTIONS_PER_SECOND;
+    let host = Arc::new(loopback_host().await);
+    let (server, addr) = Server::start().await;
+    // Tenants of their own: the pace is the process's, and other tests call as `acme`.
+    for tenant in ["flood", "quiet"] {
+        let url = format!("http://{addr}/{tenant}");
+        let tool = def("get", json!({"method": "get", "url": url}));
+        host.install_http(tenant, tool).await.unwrap();
+    }
+    let burst = NEW_CONNECTIONS_PER_SECOND.get() as usize;
+    // Two seconds' worth past the burst, eight calls at a time.
+    let calls = burst + 2 * burst;
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (host, next) = (host.clone(), next.clone());
+            tokio::spawn(async move {
+                while next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < calls {
+                    let out = host.call(&Caller::tenant("flood"), "get", json!({})).await;
+                    assert!(out.result.is_ok(), "{:?}", out.result);
+                }
+            })
+        })
+        .collect();
+    let past_the_burst = async {
+        while server.seen().len() < burst + 10 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), past_the_burst)
+        .await
+        .expect("the flood's burst arrives");
+    let quiet = host.call(&Caller::tenant("quiet"), "get", json!({})).await;
+    assert!(quiet.result.is_ok(), "{:?}", quiet.result);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let seen = server.seen();
+    let flood: Vec<Instant> = (seen.iter().filter(|s| s.uri == "/flood"))
+        .map(|s| s.at)
+        .collect();
+    assert_eq!(flood.len(), calls);
+    let (first, last) = (flood.iter().min().unwrap(), flood.iter().max().unwrap());
+    assert!(
+        *last - *first >= Duration::from_millis(1800),
+        "{} connections in {:?}",
+        calls,
+        *last - *first
+    );
+    let quiet_at = seen.iter().find(|s| s.uri == "/quiet").unwrap().at;
+    assert!(quiet_at < *last, "quiet waited behind the flood");
+}
+
 #[tokio::test]
 async fn a_proxy_gets_the_absolute_url_and_its_own_headers() {
     let (proxy, addr) = Server::start().await;
@@ -507,6 +566,7 @@ async fn definitions_are_validated_versioned_and_persisted() {
         data_dir: Some(dir.path().to_owned()),
         egress: EgressConfig {
             allow_private: vec!["127.0.0.0/8".parse().unwrap()],
+            ..Default::default()
         },
         ..crate::plugins::config()
     };

@@ -45,6 +45,11 @@ struct Cli {
         global = true
     )]
     allow_private: Vec<toolhost::egress::Cidr>,
+    /// New outbound connections (HTTP tools' and guests' requests) one tenant may open a
+    /// second, after a burst of as many; past that each waits its turn within its call's
+    /// deadline
+    #[arg(long, env = "TOOLHOST_NEW_CONNECTIONS_PER_SECOND", global = true, default_value_t = toolhost::egress::NEW_CONNECTIONS_PER_SECOND)]
+    new_connections_per_second: std::num::NonZeroU32,
     /// Guests that run past their first 5 ms at once; while more want to, they take turns
     /// round the tenants [default: one per core]
     #[arg(long, env = "TOOLHOST_CPU_TURNS", global = true)]
@@ -474,6 +479,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         },
         egress: toolhost::egress::EgressConfig {
             allow_private: cli.allow_private,
+            new_connections_per_second: cli.new_connections_per_second,
         },
         artifact_dir,
         sandbox: toolhost::SandboxConfig {

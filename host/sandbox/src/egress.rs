@@ -2,24 +2,45 @@
 //! before connecting to that very address, so a name that later resolves elsewhere (DNS
 //! rebinding) cannot reach what the check refused.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::num::NonZeroU32;
 use std::str::FromStr;
-
-use std::sync::{Arc, LazyLock, OnceLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+use std::time::Duration;
 
 use crate::places::Places;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 /// The operator's egress settings, host-wide.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EgressConfig {
     /// Non-public addresses (loopback, private, link-local, …) that outbound requests may
     /// reach: addresses or CIDR ranges such as `127.0.0.1` or `10.1.0.0/16`. Empty: none.
     pub allow_private: Vec<Cidr>,
+    /// New connections one tenant's calls may open a second, after a burst of as many; past
+    /// that each waits its turn, within its call's deadline ([`NEW_CONNECTIONS_PER_SECOND`]).
+    pub new_connections_per_second: NonZeroU32,
+}
+
+/// The default of [`EgressConfig::new_connections_per_second`]. A closed connection keeps its
+/// local port for a minute (TIME_WAIT), so the host runs out of ports to one destination at
+/// about 470 new connections a second: a tenant opening them faster would cut every tenant
+/// off from that destination, and would use the host to flood it.
+pub const NEW_CONNECTIONS_PER_SECOND: NonZeroU32 = NonZeroU32::new(100).unwrap();
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            allow_private: Vec::new(),
+            new_connections_per_second: NEW_CONNECTIONS_PER_SECOND,
+        }
+    }
 }
 
 /// An address range, written `10.0.0.0/8` or a bare address (`ipnet` does the arithmetic).
@@ -205,6 +226,35 @@ pub const MAX_LOOKUPS_PER_TENANT: usize = 8;
 static LOOKUPS: LazyLock<Places> =
     LazyLock::new(|| Places::new(MAX_LOOKUPS, MAX_LOOKUPS_PER_TENANT));
 
+/// Each tenant's new connections in the process, whichever host opens them: the ports they
+/// use up are the machine's.
+static NEW_CONNECTIONS: LazyLock<Pacer> = LazyLock::new(Pacer::default);
+
+/// Spaces each tenant's events: `rate` a second, after a burst of as many (the generic cell
+/// rate algorithm). A turn is kept from when it is asked for, so waiters go first come, first
+/// served.
+#[derive(Default)]
+struct Pacer {
+    /// Each tenant's next turn if it had no burst left.
+    next: Mutex<HashMap<String, Instant>>,
+}
+
+impl Pacer {
+    /// When `tenant`'s next event may happen, asked at `now`.
+    fn turn(&self, tenant: &str, rate: NonZeroU32, now: Instant) -> Instant {
+        let interval = Duration::from_secs(1) / rate.get();
+        let burst = interval * (rate.get() - 1);
+        let mut tenants = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        if !tenants.contains_key(tenant) {
+            tenants.insert(tenant.to_owned(), now);
+        }
+        let next = tenants.get_mut(tenant).expect("inserted above");
+        let at = next.checked_sub(burst).map_or(now, |at| at.max(now));
+        *next = (*next).max(at) + interval;
+        at
+    }
+}
+
 /// Why a connection was not made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -237,6 +287,8 @@ impl EgressConfig {
                     EgressError::Resolve { .. } => ConnectError::Failed(e.to_string()),
                 })?,
         };
+        let turn = NEW_CONNECTIONS.turn(tenant, self.new_connections_per_second, Instant::now());
+        tokio::time::sleep_until(turn).await;
         let mut last = None;
         for address in addresses {
             match TcpStream::connect(address).await {
@@ -347,6 +399,7 @@ mod tests {
         assert!(closed.resolve("acme", "localhost", 80).await.is_err());
         let open = EgressConfig {
             allow_private: vec!["127.0.0.0/8".parse().unwrap(), "::1".parse().unwrap()],
+            ..Default::default()
         };
         assert_eq!(
             open.resolve("acme", "127.0.0.1", 8080).await.unwrap(),
@@ -356,5 +409,32 @@ mod tests {
             open.resolve("acme", "localhost", 8080).await.unwrap()[0].port(),
             8080
         );
+    }
+
+    #[test]
+    fn each_tenants_new_connections_are_spaced_after_a_burst() {
+        let pacer = Pacer::default();
+        let rate = NonZeroU32::new(10).unwrap();
+        let start = Instant::now();
+        let turns: Vec<_> = (0..13).map(|_| pacer.turn("a", rate, start)).collect();
+        let tenth = Duration::from_millis(100);
+        assert!(
+            turns[..10].iter().all(|&at| at == start),
+            "the burst goes at once"
+        );
+        assert_eq!(
+            turns[10..],
+            [start + tenth, start + 2 * tenth, start + 3 * tenth]
+        );
+        assert_eq!(
+            pacer.turn("b", rate, start),
+            start,
+            "b has a burst of its own"
+        );
+        // Idle for a second and a half: the burst is back.
+        let later = start + Duration::from_millis(1500);
+        let turns: Vec<_> = (0..11).map(|_| pacer.turn("a", rate, later)).collect();
+        assert!(turns[..10].iter().all(|&at| at == later), "{turns:?}");
+        assert_eq!(turns[10], later + tenth);
     }
 }
