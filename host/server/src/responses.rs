@@ -126,7 +126,7 @@ impl http_body::Body for ChargedBody {
             None if data.len() < UNCOUNTED_BYTES => {
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             }
-            None => match take(&this.room, data.len() as u64) {
+            None => match take(&this.room, size as u64) {
                 Some(room) => room,
                 None => return Poll::Ready(Some(Err(axum::Error::new(TenantFull)))),
             },

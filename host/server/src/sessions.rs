@@ -1,9 +1,8 @@
 //! Bounds on MCP sessions. Each session holds memory until it ends (20,000 took 1.1 GiB), so
 //! there is a cap in all and one per tenant, and a session with no request for `idle` is
 //! closed (within a quarter more; never while a call answered in place runs, as rmcp's way
-//! sees none of them). A refused `initialize` is
-//! a clear error; a client whose session was closed gets 404 and starts a new one, as the
-//! protocol says.
+//! sees none of them). A refused `initialize` is a clear error; a client whose session was
+//! closed gets 404 and starts a new one, as the protocol says.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
