@@ -930,12 +930,23 @@ async fn serve_with(
     std::net::SocketAddr,
     tokio::task::JoinHandle<std::io::Result<()>>,
 ) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let options = toolhost_server::ServerOptions {
         connections: limits,
         ..Default::default()
     };
+    serve_with_options(host, options).await
+}
+
+/// A server of `host` on a free port with `options`: its address and its task.
+async fn serve_with_options(
+    host: Arc<Host>,
+    options: toolhost_server::ServerOptions,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(toolhost_server::serve(
         host,
         listener,
@@ -1141,22 +1152,7 @@ async fn a_tenants_unread_answers_are_bounded_and_another_tenants_are_served() {
     let api = api().await;
     register_large_tool(&api.host);
     let (addr, server) = serve_with(api.host.clone(), Default::default()).await;
-    let call = |key: &str| {
-        format!(
-            "POST /v1/tools/large/call HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key}\r\n\
-             Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
-        )
-    };
-    // Each answer's status line, read from a client that takes only that much of it.
-    let ask = |key: String| async move {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let mut stream = socket.connect(addr).await.unwrap();
-        stream.write_all(call(&key).as_bytes()).await.unwrap();
-        let mut status = [0; 12];
-        stream.read_exact(&mut status).await.unwrap();
-        (String::from_utf8_lossy(&status).into_owned(), stream)
-    };
+    let ask = |key: String| ask_for_large_unread(addr, key);
     let room_for = MAX_RESPONSE_BYTES_PER_TENANT / 4_000_000;
     let mut unread = Vec::new();
     let refused = loop {
@@ -1207,6 +1203,69 @@ async fn a_tenants_unread_answers_are_bounded_and_another_tenants_are_served() {
     tokio::time::timeout(Duration::from_secs(10), served)
         .await
         .expect("acme is served once its unread answers are gone");
+    server.abort();
+}
+
+/// `large`'s answer's status line, read from a client that takes only that much of it.
+async fn ask_for_large_unread(
+    addr: std::net::SocketAddr,
+    key: String,
+) -> (String, tokio::net::TcpStream) {
+    let call = format!(
+        "POST /v1/tools/large/call HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    );
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    stream.write_all(call.as_bytes()).await.unwrap();
+    let mut status = [0; 12];
+    stream.read_exact(&mut status).await.unwrap();
+    (String::from_utf8_lossy(&status).into_owned(), stream)
+}
+
+/// Each tenant within its own bound, all together still hold at most what the server was
+/// given: past it any tenant's next answer gets 503, and all are served once it is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_tenants_unread_answers_are_bounded_together() {
+    let api = api().await;
+    register_large_tool(&api.host);
+    let body_memory = toolhost_server::BodyMemory {
+        responses: 10_000_000,
+        ..Default::default()
+    };
+    let options = toolhost_server::ServerOptions {
+        body_memory,
+        ..Default::default()
+    };
+    let (addr, server) = serve_with_options(api.host.clone(), options).await;
+    let ask = |key: &String| ask_for_large_unread(addr, key.clone());
+    // Two answers of 4 MB each, unread: acme is within its own 128 MiB.
+    let (first, first_stream) = ask(&api.acme).await;
+    let (second, second_stream) = ask(&api.acme).await;
+    assert_eq!(
+        (first.as_str(), second.as_str()),
+        ("HTTP/1.1 200", "HTTP/1.1 200")
+    );
+    let (status, mut refused) = ask(&api.globex).await;
+    assert_eq!(
+        status, "HTTP/1.1 503",
+        "globex's answer does not fit the server's room"
+    );
+    let mut body = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), refused.read_to_end(&mut body));
+    read.await.expect("the refusal arrives").unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("server_memory_full"), "{body}");
+    drop((first_stream, second_stream));
+    let served = async {
+        while ask(&api.globex).await.0 != "HTTP/1.1 200" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("globex is served once acme's answers are gone");
     server.abort();
 }
 

@@ -1,18 +1,16 @@
 //! Request bodies read whole before their request can go on (the JSON routes' and `/mcp`'s):
 //! each within [`BODY_READ_TIMEOUT`] of its first byte asked for, and one tenant's bodies held
-//! at most [`MAX_BODY_BYTES_PER_TENANT`] together, from the first byte read until the last
-//! copy of the bytes is dropped (parsed, or handed to rmcp and parsed there). Without them a
-//! key's holder could trickle bodies on thousands of connections without end, or hold
-//! gigabytes of them; the listener's bounds count connections, not bytes.
+//! at most [`MAX_BODY_BYTES_PER_TENANT`] together, all tenants' [`MAX_BODY_BYTES`], from the
+//! first byte read until the last copy of the bytes is dropped (parsed, or handed to rmcp and
+//! parsed there). Without them a key's holder could trickle bodies on thousands of connections
+//! without end, or hold gigabytes of them; the listener's bounds count connections, not bytes.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use futures::StreamExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::per_tenant::{TenantSemaphores, charged};
+use crate::per_tenant::{ByteRoom, Full, Held, TenantRoom, charged};
 
 /// The longest a request's body may take to arrive.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -20,12 +18,17 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// The bytes one tenant's request bodies may hold at once, read or being read.
 pub const MAX_BODY_BYTES_PER_TENANT: usize = 64 << 20;
 
-/// Each tenant's bytes of request bodies.
-pub(crate) struct Bodies(TenantSemaphores);
+/// The bytes all tenants' request bodies may hold at once, unless the server is told otherwise:
+/// sixteen tenants at their bound.
+pub const MAX_BODY_BYTES: usize = 1 << 30;
 
-impl Default for Bodies {
-    fn default() -> Self {
-        Bodies(TenantSemaphores::new(MAX_BODY_BYTES_PER_TENANT))
+/// Each tenant's bytes of request bodies, and all tenants'.
+pub(crate) struct Bodies(ByteRoom);
+
+impl Bodies {
+    /// At most `all` bytes of all tenants' bodies together.
+    pub(crate) fn new(all: usize) -> Self {
+        Bodies(ByteRoom::new(MAX_BODY_BYTES_PER_TENANT, all))
     }
 }
 
@@ -37,9 +40,13 @@ pub(crate) enum BodyError {
     #[error("the body did not arrive within {} s", BODY_READ_TIMEOUT.as_secs())]
     Timeout,
     #[error(
-        "this tenant's request bodies in memory already hold about {MAX_BODY_BYTES_PER_TENANT} bytes, its limit: retry when some of its requests end"
+        "this tenant's request bodies in memory already hold about {0} bytes, its limit: retry when some of its requests end"
     )]
-    TenantFull,
+    TenantFull(usize),
+    #[error(
+        "the server's request bodies in memory, all tenants' together, already hold about {0} bytes, its limit: retry later"
+    )]
+    ServerFull(usize),
     #[error("the body could not be read: {0}")]
     Failed(String),
 }
@@ -61,9 +68,9 @@ impl Bodies {
     }
 }
 
-async fn read_within(body: Body, limit: usize, room: &Arc<Semaphore>) -> Result<Bytes, BodyError> {
+async fn read_within(body: Body, limit: usize, room: &TenantRoom) -> Result<Bytes, BodyError> {
     let mut stream = body.into_data_stream();
-    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut held: Option<Held> = None;
     let (mut chunks, mut read) = (Vec::new(), 0);
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|error| BodyError::Failed(error.to_string()))?;
@@ -72,8 +79,10 @@ async fn read_within(body: Body, limit: usize, room: &Arc<Semaphore>) -> Result<
             return Err(BodyError::TooLarge(limit));
         }
         // Within `limit`, which is far below u32::MAX.
-        let more = (room.clone().try_acquire_many_owned(chunk.len() as u32))
-            .map_err(|_| BodyError::TenantFull)?;
+        let more = room.take(chunk.len() as u32).map_err(|full| match full {
+            Full::Tenant(bytes) => BodyError::TenantFull(bytes),
+            Full::Server(bytes) => BodyError::ServerFull(bytes),
+        })?;
         match &mut held {
             Some(held) => held.merge(more),
             None => held = Some(more),
@@ -96,12 +105,12 @@ mod tests {
     use super::*;
 
     fn available(bodies: &Bodies, tenant: &str) -> usize {
-        bodies.0.of(tenant).available_permits()
+        bodies.0.free(tenant).0
     }
 
     #[tokio::test]
     async fn a_tenants_bodies_hold_its_room_until_their_last_copy_drops() {
-        let bodies = Bodies::default();
+        let bodies = Bodies::new(MAX_BODY_BYTES);
         let half = MAX_BODY_BYTES_PER_TENANT / 2;
         let first = bodies.read("a", Body::from(vec![b' '; half]), half).await;
         let first = first.unwrap();
@@ -111,7 +120,10 @@ mod tests {
         assert_eq!(available(&bodies, "a"), MAX_BODY_BYTES_PER_TENANT - half);
         let second = bodies.read("a", Body::from(vec![b' '; half]), half).await;
         let refused = bodies.read("a", Body::from(" "), 1).await;
-        assert_eq!(refused, Err(BodyError::TenantFull));
+        assert_eq!(
+            refused,
+            Err(BodyError::TenantFull(MAX_BODY_BYTES_PER_TENANT))
+        );
         assert_eq!(available(&bodies, "a"), 0, "a refused body holds nothing");
         let other = bodies.read("b", Body::from(vec![b' '; half]), half).await;
         assert!(other.is_ok(), "b has room of its own");
@@ -123,7 +135,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_past_its_limit_or_its_time_is_refused_and_holds_nothing() {
-        let bodies = Bodies::default();
+        let bodies = Bodies::new(MAX_BODY_BYTES);
         let large = bodies.read("a", Body::from(vec![b' '; 11]), 10).await;
         assert_eq!(large, Err(BodyError::TooLarge(10)));
         // Two bytes, then nothing more: the sender stalls.
@@ -133,5 +145,33 @@ mod tests {
         let slow = bodies.read("a", Body::from_stream(stalled), 10).await;
         assert_eq!(slow, Err(BodyError::Timeout));
         assert_eq!(available(&bodies, "a"), MAX_BODY_BYTES_PER_TENANT);
+    }
+
+    #[tokio::test]
+    async fn all_tenants_bodies_are_bounded_together() {
+        let bodies = Bodies(ByteRoom::new(10, 25));
+        let a = bodies
+            .read("a", Body::from(vec![b' '; 10]), 10)
+            .await
+            .unwrap();
+        let b = bodies
+            .read("b", Body::from(vec![b' '; 10]), 10)
+            .await
+            .unwrap();
+        let c = bodies
+            .read("c", Body::from(vec![b' '; 4]), 10)
+            .await
+            .unwrap();
+        let refused = bodies.read("c", Body::from(vec![b' '; 2]), 10).await;
+        assert_eq!(
+            refused,
+            Err(BodyError::ServerFull(25)),
+            "c has room, the server has not"
+        );
+        assert_eq!(bodies.0.free("c"), (6, 1), "a refused body holds nothing");
+        drop(a);
+        let again = bodies.read("c", Body::from(vec![b' '; 2]), 10).await;
+        assert_eq!(again.map(|bytes| bytes.len()), Ok(2));
+        drop((b, c));
     }
 }

@@ -22,4 +22,4 @@ pub mod sessions;
 #[cfg(test)]
 mod testing;
 
-pub use server::{ServerOptions, router, serve};
+pub use server::{BodyMemory, ServerOptions, router, serve};

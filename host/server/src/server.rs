@@ -43,7 +43,7 @@ use crate::events::CannotResume;
 use crate::listener::{ConnectionLimits, serve_connections};
 use crate::mcp::{Listens, Listings, McpServer, McpTenant};
 use crate::per_tenant::TenantSemaphores;
-use crate::responses::{Payer, Responses};
+use crate::responses::{Payer, Responses, Unsent};
 use crate::sessions::{Refused, SessionLimits, Sessions, StoredSessions};
 
 /// Every request but an upload.
@@ -137,6 +137,29 @@ pub struct ServerOptions {
     /// answers 503, so that a load balancer stops sending before the listener closes. Zero:
     /// the listener closes at once.
     pub drain: Duration,
+    /// Bytes of bodies in memory, all tenants' together.
+    pub body_memory: BodyMemory,
+}
+
+/// The bytes of request and response bodies all tenants together may hold in memory; past
+/// them a request gets 503 `server_memory_full`. One tenant's own are bounded too, by
+/// [`crate::bodies::MAX_BODY_BYTES_PER_TENANT`] and
+/// [`crate::responses::MAX_RESPONSE_BYTES_PER_TENANT`] (or by these, if smaller).
+#[derive(Debug, Clone, Copy)]
+pub struct BodyMemory {
+    /// Request bodies read or being read.
+    pub requests: usize,
+    /// Responses ready and not yet taken by their clients.
+    pub responses: usize,
+}
+
+impl Default for BodyMemory {
+    fn default() -> Self {
+        BodyMemory {
+            requests: crate::bodies::MAX_BODY_BYTES,
+            responses: crate::responses::MAX_RESPONSE_BYTES,
+        }
+    }
 }
 
 /// The API's routes over `host`, MCP included.
@@ -177,8 +200,8 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
         stdio_command: options.stdio_command.into(),
         draining: stopping.draining,
         uploads: Arc::new(Places::new(MAX_UPLOADS, MAX_UPLOADS_PER_TENANT)),
-        bodies: Arc::default(),
-        responses: Arc::default(),
+        bodies: Arc::new(Bodies::new(options.body_memory.requests)),
+        responses: Arc::new(Responses::new(options.body_memory.responses)),
         requests: Arc::new(TenantSemaphores::new(MAX_REQUESTS_PER_TENANT)),
     };
     // Routes that no bound of their own covers: each tenant's requests to them go a few at
@@ -245,9 +268,14 @@ async fn finish(
         Some(tenant) => app
             .responses
             .charge(tenant, response)
-            .unwrap_or_else(|full| {
-                let status = StatusCode::TOO_MANY_REQUESTS;
-                ApiError::new(status, "rate_limited", full.to_string()).into_response()
+            .unwrap_or_else(|unsent| {
+                let (status, code) = match unsent {
+                    Unsent::TenantFull(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+                    Unsent::ServerFull(_) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "server_memory_full")
+                    }
+                };
+                ApiError::new(status, code, unsent.to_string()).into_response()
             }),
         None => response,
     };
@@ -798,7 +826,8 @@ impl App {
             let (status, code) = match error {
                 BodyError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
                 BodyError::Timeout => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
-                BodyError::TenantFull => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+                BodyError::TenantFull(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+                BodyError::ServerFull(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_memory_full"),
                 BodyError::Failed(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             };
             ApiError::new(status, code, error.to_string())
@@ -1421,6 +1450,10 @@ mod tests {
     /// The server of a host where `acme` has a tool, and an admin key of `acme` and of
     /// `globex`.
     async fn router_for_acme_and_globex() -> (Router, String, String) {
+        router_for_acme_and_globex_with(Default::default()).await
+    }
+
+    async fn router_for_acme_and_globex_with(options: ServerOptions) -> (Router, String, String) {
         let host = host_where_acme_has_a_tool().await;
         let mut keys = Vec::new();
         for tenant in ["acme", "globex"] {
@@ -1430,7 +1463,7 @@ mod tests {
         }
         let globex = keys.pop().unwrap();
         let acme = keys.pop().unwrap();
-        (router(host, Default::default()), acme, globex)
+        (router(host, options), acme, globex)
     }
 
     /// An upload whose body is sent, or never arrives (`Err`: the sender is told when the
@@ -1569,6 +1602,40 @@ mod tests {
         tokio::time::resume();
         let read = call_with(&router, &acme, "none", small()).await;
         assert_eq!(read.0, StatusCode::NOT_FOUND, "acme's bytes are back");
+    }
+
+    #[tokio::test]
+    async fn all_tenants_request_bodies_are_bounded_together() {
+        let body_memory = BodyMemory {
+            requests: 2 * MAX_REQUEST_BYTES,
+            ..Default::default()
+        };
+        let options = ServerOptions {
+            body_memory,
+            ..Default::default()
+        };
+        let (router, acme, globex) = router_for_acme_and_globex_with(options).await;
+        // A megabyte each, then nothing: the server's room, each tenant well within its own.
+        let mut stalled = Vec::new();
+        for key in [&acme, &globex] {
+            let (router, key) = (router.clone(), key.clone());
+            let (read, first_chunk_read) = tokio::sync::oneshot::channel();
+            let body = stalled_body(Bytes::from(vec![b' '; MAX_REQUEST_BYTES]), read);
+            stalled.push(tokio::spawn(async move {
+                call_with(&router, &key, "weather", body).await
+            }));
+            first_chunk_read.await.unwrap();
+        }
+        let small = || Body::from(r#"{"arguments": {}}"#);
+        let full = (StatusCode::SERVICE_UNAVAILABLE, "server_memory_full".into());
+        assert_eq!(call_with(&router, &globex, "none", small()).await, full);
+        tokio::time::pause();
+        for call in stalled {
+            assert_eq!(call.await.unwrap().0, StatusCode::REQUEST_TIMEOUT);
+        }
+        tokio::time::resume();
+        let read = call_with(&router, &globex, "none", small()).await;
+        assert_eq!(read.0, StatusCode::NOT_FOUND, "the server's bytes are back");
     }
 
     /// A body that sends `first` and then nothing, as a stream; `read` is told when the server
