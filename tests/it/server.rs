@@ -1357,7 +1357,7 @@ async fn each_key_role_reaches_exactly_its_routes() {
 
 /// A web page of another origin must not reach `/mcp` (DNS rebinding): 403, unless the
 /// operator allowed that origin. Requests without `Origin` (not from a browser) and from the
-/// server's own origin pass.
+/// server's own origin pass, under whatever name the server is reached by.
 #[tokio::test]
 async fn mcp_refuses_requests_from_other_origins() {
     let api = api().await;
@@ -1366,32 +1366,35 @@ async fn mcp_refuses_requests_from_other_origins() {
         ..Default::default()
     };
     let router = router(api.host.clone(), options);
-    let mcp = |origin: Option<&str>| {
+    let mcp = |host: &str, origin: Option<&str>| {
         let mut request = Request::builder()
             .method("POST")
             .uri("/mcp")
-            .header("host", "127.0.0.1:8080")
+            .header("host", host)
             .header("authorization", format!("Bearer {}", api.acme))
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream");
         if let Some(origin) = origin {
             request = request.header("origin", origin);
         }
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
+        let body = initialize_message("origins").to_string();
         tower::ServiceExt::oneshot(router.clone(), request.body(Body::from(body)).unwrap())
     };
-    let refused = mcp(Some("http://rebound.example:8080")).await.unwrap();
+    let refused = mcp("127.0.0.1:8080", Some("http://rebound.example:8080"));
+    let refused = refused.await.unwrap();
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
     let body = refused.into_body().collect().await.unwrap().to_bytes();
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(error_code(&body), "forbidden_origin");
     for passes in [
-        None,
-        Some("http://127.0.0.1:8080"),
-        Some("https://console.example.com"),
+        ("127.0.0.1:8080", None),
+        ("127.0.0.1:8080", Some("http://127.0.0.1:8080")),
+        ("127.0.0.1:8080", Some("https://console.example.com")),
+        ("tools.example.com", None),
+        ("10.0.0.5:8080", Some("http://10.0.0.5:8080")),
     ] {
-        let response = mcp(passes).await.unwrap();
-        assert_ne!(response.status(), StatusCode::FORBIDDEN, "{passes:?}");
+        let response = mcp(passes.0, passes.1).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{passes:?}");
     }
 }
 
@@ -1421,6 +1424,22 @@ async fn mcp_sessions_are_capped_per_tenant_and_in_all() {
     let (status, _, body) = open(&api.acme).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
     assert!(body.contains("too_many_mcp_sessions"), "{body}");
+    // A 2026-07-28 request opens no session: the caps do not hold it back.
+    let list = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let mut sessionless = mcp_request("POST", &api.acme, None, list);
+    let headers = sessionless.headers_mut();
+    headers.insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
+    headers.insert("mcp-method", "tools/list".parse().unwrap());
+    let listed = tower::ServiceExt::oneshot(router.clone(), sessionless);
+    let listed = listed.await.unwrap();
+    assert_eq!(listed.status(), StatusCode::OK);
+    let body = listed.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&body).contains("\"tools\""),
+        "{body:?}"
+    );
     // Another tenant still gets its own, until the server is full.
     assert_eq!(open(&api.globex).await.0, StatusCode::OK);
     let (status, _, body) = open(&api.globex).await;

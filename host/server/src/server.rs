@@ -183,7 +183,11 @@ fn router_with_shutdown(host: Arc<Host>, options: ServerOptions, stopping: Stopp
         disclosure: Arc::new(Disclosure::new(host.clone(), options.disclosure)),
         listings: Arc::default(),
         listens: Arc::default(),
+        // rmcp admits only `localhost` hosts by default, against DNS rebinding: here every
+        // request needs a key no browser sends by itself, and `check_origin` refuses other
+        // sites' pages, so the server answers MCP under any name it is reached by.
         config: StreamableHttpServerConfig::default()
+            .disable_allowed_hosts()
             .with_cancellation_token(stopping.stopped)
             .with_max_request_body_bytes(MAX_REQUEST_BYTES)
             .with_json_response(true),
@@ -306,6 +310,7 @@ async fn errors_in_one_shape(response: Response) -> Response {
     let text = String::from_utf8_lossy(&text).trim().to_owned();
     let code = match status {
         StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::FORBIDDEN => "forbidden",
         StatusCode::NOT_FOUND => "not_found",
         StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
         StatusCode::NOT_ACCEPTABLE => "not_acceptable",
@@ -369,14 +374,6 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
             if let Some(refusal) = refuse_before_rmcp(&app, &tenant, &parts, open) {
                 return refusal;
             }
-            // A POST without a session is an `initialize`: it must fit under the caps.
-            let opening = match (&session, &parts.method) {
-                (None, &axum::http::Method::POST) => match app.mcp.sessions.admit(&tenant).await {
-                    Ok(opening) => Some(opening),
-                    Err(refused) => return sessions_refused(refused).into_response(),
-                },
-                _ => None,
-            };
             let service = app.mcp.service(&app.host, &tenant);
             accept_what_mcp_sends(&mut parts.headers);
             let json_request = parts
@@ -386,7 +383,7 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
                 .is_some_and(|v| v.starts_with("application/json"));
             let terminating = parts.method == axum::http::Method::DELETE;
             parts.extensions.insert(McpTenant(tenant.clone()));
-            let body = if parts.method == axum::http::Method::POST {
+            let (body, opens_session) = if parts.method == axum::http::Method::POST {
                 match app.read_body(&tenant, body).await {
                     Ok(bytes) if batch::is_batch(&bytes) => {
                         let service = &service;
@@ -396,12 +393,24 @@ async fn mcp_request(State(app): State<App>, request: Request) -> Response {
                     }
                     Ok(bytes) => match invalid_params(&bytes) {
                         Some(refusal) => return refusal,
-                        None => Body::from(bytes),
+                        None => {
+                            let opens = session.is_none() && is_initialize(&bytes);
+                            (Body::from(bytes), opens)
+                        }
                     },
                     Err(refused) => return refused.into_response(),
                 }
             } else {
-                body
+                (body, false)
+            };
+            // Only an `initialize` opens a session (a 2026-07-28 request has none): it must
+            // fit under the caps.
+            let opening = match opens_session {
+                true => match app.mcp.sessions.admit(&tenant).await {
+                    Ok(opening) => Some(opening),
+                    Err(refused) => return sessions_refused(refused).into_response(),
+                },
+                false => None,
             };
             let request = Request::from_parts(parts, body);
             let mut response = match opening {
@@ -519,6 +528,17 @@ pub(crate) fn invalid_params(message: &[u8]) -> Option<Response> {
     let reply = json!({"jsonrpc": "2.0", "id": message.get("id").cloned().unwrap_or(Value::Null),
         "error": {"code": -32602, "message": format!("invalid params for tools/call: {error}")}});
     Some(Json(reply).into_response())
+}
+
+/// Whether `message` is an `initialize` request, the only one that opens a session.
+fn is_initialize(message: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Method>(message)
+        .is_ok_and(|m| m.method.as_deref() == Some("initialize"))
 }
 
 fn sessions_refused(refused: Refused) -> ApiError {
