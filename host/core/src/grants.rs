@@ -7,8 +7,11 @@
 //! symlinks and rename directories inside its writable grants; neither can point another
 //! grant (a nested one, or the next call's) outside the tenant's root.
 //!
-//! The budget counts the tenant's files once, then every write the sandbox charges. Deletes
-//! are found by a recount, which runs when a write was refused since the last one.
+//! The budget counts the tenant's files once, then every write the sandbox charges and every
+//! directory this module makes on the way to a grant (a tool may rename one away, and the
+//! next call would make it again). Deletes the sandbox cannot see are found by a recount,
+//! which runs when the budget wants one: a write was refused, or removals gave back their
+//! most, since the last.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -71,8 +74,8 @@ impl TenantFiles {
     }
 
     /// The tenant's budget, with its quota as the policy now sets it: counted from the
-    /// tenant's files the first time, and again if a write was refused since the last count
-    /// (deletes may have made room).
+    /// tenant's files the first time, and again when the budget wants it
+    /// ([`FilesBudget::wants_recount`]).
     pub async fn budget(
         &self,
         tenant: &str,
@@ -82,15 +85,14 @@ impl TenantFiles {
         let known = self.lock().get(tenant).cloned();
         if let Some(counted) = &known {
             counted.budget.set_quota(quota);
-            let recount = counted.budget.refused_since_recount()
-                && counted.at.elapsed() >= RECOUNT_AFTER_REFUSAL;
+            let recount =
+                counted.budget.wants_recount() && counted.at.elapsed() >= RECOUNT_AFTER_REFUSAL;
             if !recount {
                 return Ok(counted.budget.clone());
             }
         }
         let root = self.root(tenant);
-        let granted = granted_dirs(policy);
-        let held = tokio::task::spawn_blocking(move || count_under(&root, &granted))
+        let held = tokio::task::spawn_blocking(move || count_under(&root))
             .await
             .map_err(|e| e.to_string())?;
         let budget = match known {
@@ -136,12 +138,13 @@ pub async fn permissions(
     let files = files.ok_or("filesystem grants need a data directory (HostConfig::data_dir)")?;
     let budget = files.budget(tenant, policy).await?;
     let (root, dirs) = (files.root(tenant), grants.filesystem);
+    let counted = budget.clone();
     permissions.dirs = tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(&root)
             .map_err(|e| format!("cannot create the tenant's files directory: {e}"))?;
         let mut opened = preopens(&dirs, &root);
         for (preopen, grant) in opened.iter_mut().zip(&dirs) {
-            let handle = open_beneath(&root, &grant.dir)
+            let handle = open_beneath(&root, &grant.dir, &counted)
                 .map_err(|e| format!("cannot open the granted directory {}: {e}", grant.dir))?;
             preopen.handle = Some(Arc::new(handle));
         }
@@ -154,48 +157,64 @@ pub async fn permissions(
 }
 
 /// Opens (creating as needed) `relative` beneath `root`, refusing a symlink at every step.
-fn open_beneath(root: &Path, relative: &str) -> std::io::Result<OwnedFd> {
-    let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
-    let mut dir = rustix::fs::open(root, flags, Mode::empty())?;
+/// Each directory it makes counts as one of the tenant's entries in `budget`.
+fn open_beneath(root: &Path, relative: &str, budget: &FilesBudget) -> std::io::Result<OwnedFd> {
+    let mut dir = rustix::fs::open(root, DIR_FLAGS, Mode::empty())?;
     for component in Path::new(relative).components() {
         // The policy allows plain names only; anything else is refused here too.
         let Component::Normal(name) = component else {
             return Err(std::io::Error::other("not a plain relative path"));
         };
-        match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o700)) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-            Err(error) => return Err(error.into()),
-        }
-        dir = rustix::fs::openat(&dir, name, flags, Mode::empty())?;
+        dir = match rustix::fs::openat(&dir, name, DIR_FLAGS, Mode::empty()) {
+            Err(rustix::io::Errno::NOENT) => made_beneath(&dir, name, budget)?,
+            opened => opened?,
+        };
     }
     Ok(dir)
 }
 
-/// Every directory the policy grants, relative to the tenant's root.
-fn granted_dirs(policy: &TenantPolicy) -> Vec<PathBuf> {
-    let grants = policy.grants.values().flat_map(|g| &g.filesystem);
-    grants.map(|grant| PathBuf::from(&grant.dir)).collect()
+const DIR_FLAGS: OFlags = OFlags::DIRECTORY
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC)
+    .union(OFlags::RDONLY);
+
+/// Makes the directory `name` in `dir`, counted in `budget` (at the most, it is not made),
+/// and opens it.
+fn made_beneath(
+    dir: &OwnedFd,
+    name: &std::ffi::OsStr,
+    budget: &FilesBudget,
+) -> std::io::Result<OwnedFd> {
+    budget.add_entry().map_err(|held| {
+        std::io::Error::other(format!(
+            "not made: the tenant's files hold {held} files, directories and links, its most"
+        ))
+    })?;
+    match rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700)) {
+        Ok(()) => {}
+        // Made meanwhile by another call, which counted it.
+        Err(rustix::io::Errno::EXIST) => budget.remove_entry(),
+        Err(error) => {
+            budget.remove_entry();
+            return Err(error.into());
+        }
+    }
+    Ok(rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())?)
 }
 
-/// Bytes of the regular files under `root`, and the entries the tenant's tools made: all
-/// but the top level and the directories on the way to a `granted` one, which the host made.
-fn count_under(root: &Path, granted: &[PathBuf]) -> FilesCount {
+/// Bytes of the regular files under `root`, and every file, directory and link beneath it
+/// (those the host made on the way to a grant too, as it counts them when it makes them).
+fn count_under(root: &Path) -> FilesCount {
     let mut count = FilesCount::default();
     let mut pending = vec![root.to_owned()];
     while let Some(dir) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
-        let top_level = dir == *root;
         for entry in entries.flatten() {
-            let path = entry.path();
-            let made_by_host = top_level
-                || path
-                    .strip_prefix(root)
-                    .is_ok_and(|relative| granted.iter().any(|grant| grant.starts_with(relative)));
-            count.entries += u64::from(!made_by_host);
+            count.entries += 1;
             match entry.metadata() {
-                Ok(meta) if meta.is_dir() => pending.push(path),
+                Ok(meta) if meta.is_dir() => pending.push(entry.path()),
                 Ok(meta) if meta.is_file() => count.bytes += meta.len(),
                 _ => {}
             }
@@ -235,8 +254,9 @@ mod tests {
         let (root, outside) = (dir.path().join("root"), dir.path().join("outside"));
         std::fs::create_dir_all(root.join("data")).unwrap();
         std::fs::create_dir_all(&outside).unwrap();
+        let budget = FilesBudget::new(0, FilesCount::default());
         assert!(
-            open_beneath(&root, "data/new/deeper").is_ok(),
+            open_beneath(&root, "data/new/deeper", &budget).is_ok(),
             "created as needed"
         );
         assert!(root.join("data/new/deeper").is_dir());
@@ -245,7 +265,7 @@ mod tests {
         let refusals =
             [rustix::io::Errno::NOTDIR, rustix::io::Errno::LOOP].map(|e| e.raw_os_error());
         for through in ["data/link", "data/link/sub"] {
-            let error = open_beneath(&root, through).unwrap_err();
+            let error = open_beneath(&root, through, &budget).unwrap_err();
             assert!(
                 refusals.contains(&error.raw_os_error().unwrap()),
                 "{through}: {error}"
@@ -255,22 +275,46 @@ mod tests {
     }
 
     #[test]
-    fn the_directories_on_the_way_to_a_grant_are_not_the_tenants_entries() {
+    fn every_entry_beneath_the_root_counts_and_every_files_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        open_beneath(root, "a/b/c").unwrap();
+        open_beneath(root, "a/b/c", &FilesBudget::new(0, FilesCount::default())).unwrap();
         std::fs::create_dir_all(root.join("a/made/deeper")).unwrap();
         std::fs::write(root.join("a/b/c/file"), "12345").unwrap();
         std::fs::write(root.join("a/b/file"), "678").unwrap();
-        let count = count_under(root, &[PathBuf::from("a/b/c")]);
-        // made, deeper, and the two files: not a, b or c.
+        // a, b, c, made, deeper and the two files.
+        let count = count_under(root);
         assert_eq!(
             count,
             FilesCount {
                 bytes: 8,
-                entries: 4
+                entries: 7
             }
         );
+    }
+
+    /// A tool may rename a granted directory away (or remove it); the next call makes it
+    /// again, and that counts, so renaming cannot make entries without end.
+    #[test]
+    fn each_directory_made_on_the_way_to_a_grant_counts_as_an_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let held = FilesCount {
+            bytes: 0,
+            entries: toolhost_sandbox::MAX_FILE_ENTRIES - 3,
+        };
+        let budget = FilesBudget::new(0, held);
+        open_beneath(root, "a/b", &budget).unwrap();
+        assert_eq!(budget.entries(), held.entries + 2);
+        open_beneath(root, "a/b", &budget).unwrap();
+        assert_eq!(budget.entries(), held.entries + 2, "opened again, not made");
+        std::fs::rename(root.join("a/b"), root.join("a/away")).unwrap();
+        open_beneath(root, "a/b", &budget).unwrap();
+        assert_eq!(budget.entries(), toolhost_sandbox::MAX_FILE_ENTRIES);
+        std::fs::rename(root.join("a/b"), root.join("a/again")).unwrap();
+        let refused = open_beneath(root, "a/b", &budget).unwrap_err();
+        assert!(refused.to_string().contains("its most"), "{refused}");
+        assert!(!root.join("a/b").exists());
     }
 
     #[test]

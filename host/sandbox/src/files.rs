@@ -4,7 +4,12 @@
 //! and refused with `insufficient-space` once the budget is spent. Unlinking a file,
 //! truncating it on open and shrinking it give its bytes back (when no other link holds them);
 //! anything else that frees bytes (a rename over a file, removing a hard link's last other
-//! name) is found when the budget's owner recounts the tenant's files. Each new file,
+//! name) is found when the budget's owner recounts the tenant's files. What a removal gives
+//! back is read just before it, so calls racing on one file can give back more than the disk
+//! freed: between two recounts removals give back at most the quota (or
+//! [`MIN_FREED_BETWEEN_RECOUNTS`], if more) and [`MAX_FILE_ENTRIES`], and past that ask for a
+//! recount instead, so racing calls cannot wear the count down without end.
+//! Each new file,
 //! directory or link is counted too, up to [`MAX_FILE_ENTRIES`]: empty files cost no bytes,
 //! but each takes an inode, and a disk out of inodes refuses every tenant's writes.
 
@@ -31,6 +36,10 @@ const ENOSPC: i32 = 28;
 /// Files, directories and links one tenant may keep, whatever their size.
 pub const MAX_FILE_ENTRIES: u64 = 10_000;
 
+/// Bytes removals may give back between two recounts when the quota is smaller: a tool that
+/// rewrites a file near its quota several times a second is not refused for want of one.
+pub const MIN_FREED_BETWEEN_RECOUNTS: u64 = 64 << 20;
+
 /// What a tenant's files hold, as counted by walking them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FilesCount {
@@ -46,7 +55,10 @@ pub struct FilesBudget {
     quota: AtomicU64,
     used: AtomicU64,
     entries: AtomicU64,
-    refused: AtomicBool,
+    /// Bytes and entries removals gave back since the last recount.
+    freed: (AtomicU64, AtomicU64),
+    /// A write was refused, or removals gave back their most, since the last recount.
+    wants_recount: AtomicBool,
 }
 
 impl FilesBudget {
@@ -56,7 +68,8 @@ impl FilesBudget {
             quota: AtomicU64::new(quota),
             used: AtomicU64::new(held.bytes),
             entries: AtomicU64::new(held.entries),
-            refused: AtomicBool::new(false),
+            freed: (AtomicU64::new(0), AtomicU64::new(0)),
+            wants_recount: AtomicBool::new(false),
         }
     }
 
@@ -86,7 +99,7 @@ impl FilesBudget {
                 used.checked_add(bytes).filter(|&total| total <= quota)
             })
             .map(drop)
-            .inspect_err(|_| self.refused.store(true, Ordering::Release))
+            .inspect_err(|_| self.wants_recount.store(true, Ordering::Release))
     }
 
     /// Gives back bytes charged for a write that did not happen.
@@ -98,6 +111,26 @@ impl FilesBudget {
             });
     }
 
+    /// Gives back the bytes of a file removed or shrunk, up to the quota (or
+    /// [`MIN_FREED_BETWEEN_RECOUNTS`]) since the last recount; past it, asks for a recount
+    /// instead.
+    fn freed(&self, bytes: u64) {
+        let most = self.quota().max(MIN_FREED_BETWEEN_RECOUNTS);
+        if bytes > 0 && self.within_freeing(&self.freed.0, bytes, most) {
+            self.refund(bytes);
+        }
+    }
+
+    /// Adds `amount` to `freed` if it stays within `most`; else asks for a recount.
+    fn within_freeing(&self, freed: &AtomicU64, amount: u64, most: u64) -> bool {
+        let within = freed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |freed| {
+            freed.checked_add(amount).filter(|&total| total <= most)
+        });
+        within
+            .inspect_err(|_| self.wants_recount.store(true, Ordering::Release))
+            .is_ok()
+    }
+
     /// Files, directories and links held as counted.
     pub fn entries(&self) -> u64 {
         self.entries.load(Ordering::Acquire)
@@ -105,32 +138,43 @@ impl FilesBudget {
 
     /// Counts a new file, directory or link, unless the tenant holds its most; `Err` holds
     /// how many it holds.
-    fn add_entry(&self) -> Result<(), u64> {
+    pub fn add_entry(&self) -> Result<(), u64> {
         self.entries
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 (held < MAX_FILE_ENTRIES).then_some(held + 1)
             })
             .map(drop)
-            .inspect_err(|_| self.refused.store(true, Ordering::Release))
+            .inspect_err(|_| self.wants_recount.store(true, Ordering::Release))
     }
 
-    /// Gives back an entry that was removed, or that was counted and not made.
-    fn remove_entry(&self) {
+    /// Gives back an entry that was counted and not made.
+    pub fn remove_entry(&self) {
         let _ = (self.entries).fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
             Some(held.saturating_sub(1))
         });
     }
 
-    /// Whether a write was refused since the last recount: deleted files may have made room.
-    pub fn refused_since_recount(&self) -> bool {
-        self.refused.load(Ordering::Acquire)
+    /// Gives back an entry that was removed, up to [`MAX_FILE_ENTRIES`] since the last
+    /// recount; past it, asks for a recount instead.
+    fn entry_removed(&self) {
+        if self.within_freeing(&self.freed.1, 1, MAX_FILE_ENTRIES) {
+            self.remove_entry();
+        }
+    }
+
+    /// Whether the tenant's files should be counted again: a write was refused (files deleted
+    /// since may have made room), or removals gave back their most.
+    pub fn wants_recount(&self) -> bool {
+        self.wants_recount.load(Ordering::Acquire)
     }
 
     /// Sets the count from a recount of the tenant's files.
     pub fn recounted(&self, held: FilesCount) {
         self.used.store(held.bytes, Ordering::Release);
         self.entries.store(held.entries, Ordering::Release);
-        self.refused.store(false, Ordering::Release);
+        self.freed.0.store(0, Ordering::Release);
+        self.freed.1.store(0, Ordering::Release);
+        self.wants_recount.store(false, Ordering::Release);
     }
 }
 
@@ -246,7 +290,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
                 if let Some(quota) = &quota {
                     match &resized {
                         Err(_) => quota.budget.refund(growth),
-                        Ok(()) => quota.budget.refund(old_size.saturating_sub(new_size)),
+                        Ok(()) => quota.budget.freed(old_size.saturating_sub(new_size)),
                     }
                 }
                 Ok((error_code(&mut view, resized)?,))
@@ -316,7 +360,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
                     }
                 };
                 if let (Some(quota), Ok(_)) = (&quota, &opened) {
-                    quota.budget.refund(truncated);
+                    quota.budget.freed(truncated);
                 }
                 let held = match opened.as_ref().map(|fd| view.table.get(fd)) {
                     Ok(Ok(Descriptor::File(file))) => Some(Arc::downgrade(&file.file)),
@@ -340,8 +384,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
                 };
                 let unlinked = HostDescriptor::unlink_file_at(&mut view, fd, path).await;
                 if let (Some(quota), Ok(())) = (&quota, &unlinked) {
-                    quota.budget.refund(freed);
-                    quota.budget.remove_entry();
+                    quota.budget.freed(freed);
+                    quota.budget.entry_removed();
                 }
                 Ok((error_code(&mut view, unlinked)?,))
             })
@@ -401,7 +445,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<CallState>) -> wasmtime::Result<
                 let (quota, mut view) = filesystem(store.data_mut());
                 let removed = HostDescriptor::remove_directory_at(&mut view, fd, path).await;
                 if let (Some(quota), Ok(())) = (&quota, &removed) {
-                    quota.budget.remove_entry();
+                    quota.budget.entry_removed();
                 }
                 Ok((error_code(&mut view, removed)?,))
             })
@@ -628,9 +672,9 @@ mod tests {
     fn a_budget_charges_up_to_its_quota_and_a_recount_resets_it() {
         let budget = FilesBudget::new(100, held(40, 1));
         assert_eq!(budget.charge(60), Ok(()));
-        assert!(!budget.refused_since_recount());
+        assert!(!budget.wants_recount());
         assert_eq!(budget.charge(1), Err(100));
-        assert!(budget.refused_since_recount());
+        assert!(budget.wants_recount());
         assert_eq!(
             budget.charge(0),
             Ok(()),
@@ -639,8 +683,47 @@ mod tests {
         budget.refund(30);
         assert_eq!(budget.used(), 70);
         budget.recounted(held(10, 1));
-        assert!(!budget.refused_since_recount());
+        assert!(!budget.wants_recount());
         assert_eq!(budget.charge(90), Ok(()));
+    }
+
+    /// Two calls truncating one file both read its size first: what removals give back
+    /// between recounts is capped, so such races cannot wear the count down without end.
+    #[test]
+    fn removals_give_back_a_bounded_amount_between_recounts() {
+        const MOST: u64 = MIN_FREED_BETWEEN_RECOUNTS;
+        let budget = FilesBudget::new(100, held(100, 2));
+        budget.freed(60);
+        assert_eq!(budget.used(), 40);
+        budget.charge(60).unwrap();
+        budget.freed(MOST - 60);
+        assert_eq!(budget.used(), 0);
+        assert!(!budget.wants_recount());
+        budget.charge(100).unwrap();
+        budget.freed(1);
+        assert_eq!(
+            budget.used(),
+            100,
+            "past the most freed, nothing is given back"
+        );
+        assert!(budget.wants_recount());
+        budget.recounted(held(100, 2));
+        budget.freed(100);
+        assert_eq!(budget.used(), 0, "a recount starts again");
+        let large = FilesBudget::new(2 * MOST, held(2 * MOST, 0));
+        large.freed(2 * MOST);
+        assert_eq!(large.used(), 0, "a larger quota gives back as much");
+        let budget = FilesBudget::new(100, held(0, MAX_FILE_ENTRIES));
+        (0..MAX_FILE_ENTRIES).for_each(|_| budget.entry_removed());
+        assert_eq!(budget.entries(), 0);
+        assert!(!budget.wants_recount());
+        budget.recounted(held(0, 5));
+        (0..MAX_FILE_ENTRIES + 1).for_each(|_| budget.entry_removed());
+        assert!(budget.wants_recount());
+        budget.recounted(held(0, 5));
+        budget.add_entry().unwrap();
+        budget.entry_removed();
+        assert_eq!(budget.entries(), 5);
     }
 
     #[test]
@@ -648,7 +731,7 @@ mod tests {
         let budget = FilesBudget::new(100, held(0, MAX_FILE_ENTRIES - 1));
         assert_eq!(budget.add_entry(), Ok(()));
         assert_eq!(budget.add_entry(), Err(MAX_FILE_ENTRIES));
-        assert!(budget.refused_since_recount());
+        assert!(budget.wants_recount());
         budget.remove_entry();
         assert_eq!(budget.add_entry(), Ok(()));
         budget.recounted(held(0, 3));
