@@ -60,6 +60,10 @@ impl Bodies {
         body: Body,
         limit: usize,
     ) -> Result<Bytes, BodyError> {
+        // A declared length past the limit is refused before a byte is read or waited for.
+        if http_body::Body::size_hint(&body).lower() > limit as u64 {
+            return Err(BodyError::TooLarge(limit));
+        }
         let room = self.0.of(tenant);
         let read = read_within(body, limit, &room);
         tokio::time::timeout(BODY_READ_TIMEOUT, read)
@@ -138,6 +142,14 @@ mod tests {
         let bodies = Bodies::new(MAX_BODY_BYTES);
         let large = bodies.read("a", Body::from(vec![b' '; 11]), 10).await;
         assert_eq!(large, Err(BodyError::TooLarge(10)));
+        // Declared larger, then stalled: refused at once, not after the read timeout.
+        let declared = http_body_util::StreamBody::new(futures::stream::pending::<
+            Result<http_body::Frame<Bytes>, std::io::Error>,
+        >());
+        let declared = Declared(declared, 11);
+        let refused = bodies.read("a", Body::new(declared), 10);
+        let refused = tokio::time::timeout(Duration::from_secs(5), refused).await;
+        assert_eq!(refused, Ok(Err(BodyError::TooLarge(10))));
         // Two bytes, then nothing more: the sender stalls.
         let stalled = futures::stream::once(async { Ok::<_, std::io::Error>(Bytes::from("{}")) })
             .chain(futures::stream::pending());
@@ -173,5 +185,24 @@ mod tests {
         let again = bodies.read("c", Body::from(vec![b' '; 2]), 10).await;
         assert_eq!(again.map(|bytes| bytes.len()), Ok(2));
         drop((b, c));
+    }
+
+    /// A body that declares `.1` bytes (as a `Content-Length` does) and sends what `.0` does.
+    struct Declared<B>(B, u64);
+
+    impl<B: http_body::Body + Unpin> http_body::Body for Declared<B> {
+        type Data = B::Data;
+        type Error = B::Error;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+            std::pin::Pin::new(&mut self.0).poll_frame(cx)
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(self.1)
+        }
     }
 }

@@ -97,6 +97,11 @@ impl Events {
                     .is_none_or(|dropped| dropped <= sequence)
             })
             .ok_or(CannotResume::NotKept)?;
+        // A stream's events are kept in the order they were sent: past its newest, never sent.
+        let newest = kept.kept.back().map_or(0, |(newest, _)| *newest);
+        if sequence > newest {
+            return Err(CannotResume::NotAnEventId);
+        }
         Ok((kept, sequence))
     }
 
@@ -241,6 +246,13 @@ mod tests {
         assert!(replay(&events, &b0).await.unwrap().is_empty());
         assert!(replay(&events, "a/x").await.is_err());
         assert!(replay(&events, "c/0").await.is_err(), "an unknown stream");
+        let (_, newest) = b0.rsplit_once('/').unwrap();
+        let never = format!("b/{}", newest.parse::<u64>().unwrap() + 1);
+        assert!(
+            replay(&events, &never).await.is_err(),
+            "an event never sent"
+        );
+        assert!(replay(&events, &format!("b/{}", u64::MAX)).await.is_err());
     }
 
     #[tokio::test]

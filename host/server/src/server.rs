@@ -990,12 +990,19 @@ fn too_large(message: String) -> ApiError {
 
 /// An upload's body, if at most `limit` bytes.
 async fn upload_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let too_long = || {
+        too_large(format!(
+            "the upload is larger than {limit} bytes, its limit"
+        ))
+    };
+    // A declared length past the limit is refused before a byte is read or waited for.
+    if http_body::Body::size_hint(&body).lower() > limit as u64 {
+        return Err(too_long());
+    }
     axum::body::to_bytes(body, limit).await.map_err(|error| {
         let error = error.into_inner();
         match error.downcast_ref::<http_body_util::LengthLimitError>() {
-            Some(_) => too_large(format!(
-                "the upload is larger than {limit} bytes, its limit"
-            )),
+            Some(_) => too_long(),
             None => ApiError::new(StatusCode::BAD_REQUEST, "bad_request", error.to_string()),
         }
     })
