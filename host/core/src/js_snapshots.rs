@@ -4,7 +4,8 @@
 //!
 //! Built in the background after install or a tool's first call on this node; until then,
 //! and whenever one cannot be made, calls run on the shared runtime as before. Snapshots are
-//! a per-node cache in memory, bounded in number and per tenant, built one at a time.
+//! a per-node cache in memory, bounded in number and bytes, in all and per tenant, built one
+//! at a time.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,12 @@ const BUILD_COOLDOWN: Duration = Duration::from_secs(5);
 /// A snapshot that failed in a way that may pass (its build timed out, the host was short
 /// of memory) is not tried again for this long.
 const RETRY_AFTER: Duration = Duration::from_secs(600);
+/// Bytes the ready snapshots of all tenants may hold together: each holds its heap as the
+/// module left it (about 4 MB; as much as the tool's memory cap, up to 512 MiB, if its
+/// top-level code fills it), and its code.
+pub const MAX_SNAPSHOT_BYTES: u64 = 512 << 20;
+/// The part of [`MAX_SNAPSHOT_BYTES`] one tenant's snapshots may hold: a quarter.
+pub const MAX_SNAPSHOT_BYTES_PER_TENANT: u64 = MAX_SNAPSHOT_BYTES / 4;
 
 pub(crate) struct JsSnapshots {
     /// Read here, in the caller's task: a build in the background never holds the store, so
@@ -40,13 +47,26 @@ struct Shared {
     /// Snapshots one tenant's tools may hold, so no tenant crowds out the others.
     per_tenant: usize,
     /// Ready snapshots by [`key`], with their tenant.
-    ready: quick_cache::sync::Cache<String, (Prepared, Arc<str>)>,
+    ready: quick_cache::sync::Cache<String, (Prepared, Arc<str>), SnapshotWeight>,
     /// Being built, or failed.
     tried: Mutex<Tried>,
     /// One build at a time: Cranelift takes a core for about a second per snapshot.
     building: Arc<tokio::sync::Semaphore>,
     /// Per runtime sha256: its bytes, and the runtime instrumented and loaded once built.
     runtimes: tokio::sync::Mutex<HashMap<String, Runtime>>,
+}
+
+/// A snapshot weighs its bytes, and at least its part of the count: `floor` is
+/// [`MAX_SNAPSHOT_BYTES`] over the number of snapshots a node keeps.
+#[derive(Clone)]
+struct SnapshotWeight {
+    floor: u64,
+}
+
+impl quick_cache::Weighter<String, (Prepared, Arc<str>)> for SnapshotWeight {
+    fn weight(&self, _key: &String, (prepared, _): &(Prepared, Arc<str>)) -> u64 {
+        (prepared.bytes() as u64).max(self.floor)
+    }
 }
 
 #[derive(Default)]
@@ -114,6 +134,19 @@ impl Tried {
     }
 }
 
+/// How many of a tenant's snapshots, of `held` bytes each (the last goes first), make room
+/// for a new one of `new` bytes within `per_tenant` snapshots and
+/// [`MAX_SNAPSHOT_BYTES_PER_TENANT`].
+fn evictions(held: &[u64], new: u64, per_tenant: usize) -> usize {
+    let mut bytes = new + held.iter().sum::<u64>();
+    let mut kept = held.len();
+    while kept > 0 && (kept >= per_tenant || bytes > MAX_SNAPSHOT_BYTES_PER_TENANT) {
+        kept -= 1;
+        bytes -= held[kept];
+    }
+    held.len() - kept
+}
+
 /// A snapshot's key: its tenant and its JS source blob's sha256.
 fn key(tenant: &str, sha: &str) -> String {
     format!("{tenant}\0{sha}")
@@ -134,12 +167,16 @@ impl JsSnapshots {
         (capacity, per_tenant): (usize, usize),
     ) -> Self {
         let capacity = if per_tenant == 0 { 0 } else { capacity };
+        let floor = MAX_SNAPSHOT_BYTES / capacity.max(1) as u64;
+        let weight = SnapshotWeight { floor };
+        let ready =
+            quick_cache::sync::Cache::with_weighter(capacity.max(1), MAX_SNAPSHOT_BYTES, weight);
         JsSnapshots {
             store,
             shared: Arc::new(Shared {
                 sandbox,
                 per_tenant,
-                ready: quick_cache::sync::Cache::new(capacity.max(1)),
+                ready,
                 tried: Mutex::default(),
                 building: Arc::new(tokio::sync::Semaphore::new(usize::from(capacity > 0))),
                 runtimes: tokio::sync::Mutex::default(),
@@ -188,6 +225,13 @@ impl JsSnapshots {
             let started = Instant::now();
             let built = shared.build(&tenant, &js, runtime, &limits).await;
             let mut tried = shared.tried.lock().unwrap_or_else(|p| p.into_inner());
+            let built = built.and_then(|prepared| match prepared.bytes() as u64 {
+                bytes if bytes > MAX_SNAPSHOT_BYTES_PER_TENANT => Err(Failure::ForGood(format!(
+                    "its snapshot holds {bytes} bytes, more than a tenant's snapshots may \
+                     ({MAX_SNAPSHOT_BYTES_PER_TENANT})"
+                ))),
+                _ => Ok(prepared),
+            });
             let failed = match &built {
                 Ok(_) => None,
                 Err(Failure::ForGood(_)) => Some(true),
@@ -195,20 +239,7 @@ impl JsSnapshots {
             };
             tried.end(&tenant, &key, (started, Instant::now()), failed);
             match built {
-                Ok(prepared) => {
-                    // At its share, a tenant's new snapshot (say, of a tool's new version)
-                    // replaces one of its own, never another tenant's.
-                    let held: Vec<String> = shared
-                        .ready
-                        .iter()
-                        .filter(|(_, (_, owner))| *owner == tenant)
-                        .map(|(key, _)| key)
-                        .collect();
-                    for evicted in held.iter().skip(shared.per_tenant - 1) {
-                        shared.ready.remove(evicted);
-                    }
-                    shared.ready.insert(key, (prepared, tenant));
-                }
+                Ok(prepared) => shared.keep(key, prepared, tenant),
                 Err(Failure::ForGood(reason)) => {
                     tracing::info!(%tenant, %reason, "JS tool not pre-initialised; it runs on the shared runtime");
                 }
@@ -248,6 +279,20 @@ enum Failure {
 }
 
 impl Shared {
+    /// Keeps `tenant`'s new snapshot. At its share in number or bytes, a tenant's new one
+    /// (say, of a tool's new version) replaces its own, never another tenant's.
+    fn keep(&self, key: String, prepared: Prepared, tenant: Arc<str>) {
+        let (keys, weights): (Vec<String>, Vec<u64>) = (self.ready.iter())
+            .filter(|(_, (_, owner))| *owner == tenant)
+            .map(|(key, (prepared, _))| (key, prepared.bytes() as u64))
+            .unzip();
+        let evicted = evictions(&weights, prepared.bytes() as u64, self.per_tenant);
+        for key in keys.iter().rev().take(evicted) {
+            self.ready.remove(key);
+        }
+        self.ready.insert(key, (prepared, tenant));
+    }
+
     async fn build(
         &self,
         tenant: &str,
@@ -311,6 +356,17 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenants_new_snapshot_replaces_its_own_past_its_count_or_bytes() {
+        const MB: u64 = 1 << 20;
+        assert_eq!(evictions(&[4 * MB, 4 * MB], 4 * MB, 8), 0, "room for it");
+        assert_eq!(evictions(&[4 * MB; 8], 4 * MB, 8), 1, "at its count");
+        let half = MAX_SNAPSHOT_BYTES_PER_TENANT / 2;
+        assert_eq!(evictions(&[half, half], MB, 8), 1, "at its bytes");
+        assert_eq!(evictions(&[MB, half, half], half, 8), 2);
+        assert_eq!(evictions(&[], MAX_SNAPSHOT_BYTES_PER_TENANT, 8), 0);
+    }
 
     #[test]
     fn a_tenant_holds_the_builder_at_most_half_the_time_and_a_timed_out_build_waits() {
