@@ -701,10 +701,27 @@ async fn a_result_that_finished_while_the_client_was_away_is_replayed() {
     let replayed = mcp_raw(&url, &key, &resume, "", "\"done\"").await;
     assert!(replayed.contains("\"id\":7"), "{replayed}");
     assert!(replayed.contains("\"isError\":false"), "{replayed}");
+    // Resumed before the call has finished, the stream waits for its answer.
+    let call = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
+        "params": {"name": "busy", "arguments": {"ms": 1000}}});
+    let primed = mcp_raw(&url, &key, &in_session, &call.to_string(), "retry:").await;
+    let early = primed
+        .lines()
+        .find_map(|l| l.strip_prefix("id: "))
+        .unwrap_or_else(|| panic!("no event id: {primed}"))
+        .trim()
+        .to_owned();
+    let resume = [
+        ("Mcp-Session-Id", session.trim()),
+        ("Last-Event-ID", &early),
+    ];
+    let awaited = mcp_raw(&url, &key, &resume, "", "\"done\"").await;
+    assert!(awaited.contains("\"id\":8"), "{awaited}");
     // A resume that cannot be served says so, rather than an empty stream.
     for (unknown, status, code) in [
         ("nope", "409", "not an event id"),
         ("unknown-stream/0", "409", "no longer kept"),
+        (&format!("{early}0"), "409", "not an event id"),
     ] {
         let resume = [
             ("Mcp-Session-Id", session.trim()),

@@ -39,12 +39,15 @@ use rmcp::transport::streamable_http_server::session::{EventStore, RestoreOutcom
 use rmcp::{Peer, RoleServer, Service};
 use tokio_util::sync::CancellationToken;
 
+use crate::events::TenantStore;
 use crate::mcp::McpServer;
 
 /// One tenant's MCP sessions: rmcp's, with calls, listings and pings answered in place.
 pub(crate) struct DirectSessions {
     rmcp: LocalSessionManager,
     handlers: Arc<Handlers>,
+    /// The event store rmcp was given, told which streams still await their answer.
+    events: Option<Arc<TenantStore>>,
 }
 
 type Handlers = Mutex<HashMap<SessionId, Handler>>;
@@ -62,10 +65,12 @@ struct Handler {
 }
 
 impl DirectSessions {
-    pub(crate) fn new(rmcp: LocalSessionManager) -> Self {
+    /// Around `rmcp`, whose event store is `events`, if it has one.
+    pub(crate) fn new(rmcp: LocalSessionManager, events: Option<Arc<TenantStore>>) -> Self {
         DirectSessions {
             rmcp,
             handlers: Arc::default(),
+            events,
         }
     }
 
@@ -168,7 +173,13 @@ impl DirectSessions {
             }
             None => None,
         };
+        // Until the answer is kept (or will never be), a resume of this stream waits for it.
+        let awaiting = self.events.clone().map(|store| {
+            store.awaiting(&stream);
+            Awaiting(store, stream.clone())
+        });
         let answer = async move {
+            let _awaiting = awaiting;
             let request_id = context.id.clone();
             let answer = match server.handle_request(request.request, context).await {
                 Ok(result) => ServerJsonRpcMessage::response(result, request_id),
@@ -346,6 +357,15 @@ impl<F: Future<Output = Answer> + Send + 'static> Drop for Detaching<F> {
     }
 }
 
+/// A stream whose answer is still to come; when dropped, none is to come any more.
+struct Awaiting(Arc<TenantStore>, String);
+
+impl Drop for Awaiting {
+    fn drop(&mut self) {
+        self.0.answered(&self.1);
+    }
+}
+
 /// A stream id no client can guess, as rmcp's are (a random UUID): event ids name it, and a
 /// resume is looked up by it.
 fn random_stream_id() -> String {
@@ -378,7 +398,7 @@ mod tests {
         async fn new() -> Self {
             let host = host_where_acme_has_a_tool().await;
             let disclosure = Arc::new(Disclosure::new(host.clone(), Default::default()));
-            let sessions = Arc::new(DirectSessions::new(LocalSessionManager::default()));
+            let sessions = Arc::new(DirectSessions::new(LocalSessionManager::default(), None));
             let direct = Arc::downgrade(&sessions);
             let new_server = move || {
                 let (host, disclosure) = (host.clone(), disclosure.clone());

@@ -6,9 +6,15 @@
 //! from here instead. Bounded by bytes in all, and fair between tenants: when the budget is
 //! full, the oldest event of the tenant keeping the most goes, so a tenant can push out
 //! another's events only while that one keeps more than it does.
+//!
+//! rmcp answers every resume from here, so a stream whose answer is still to come (a request
+//! answered in place, marked [`TenantStore::awaiting`]) is replayed and then followed until
+//! its answer is kept, or for [`RESUME_WAIT`] at most.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
 
 use rmcp::transport::common::server_side_http::ServerSseMessage;
 use rmcp::transport::streamable_http_server::session::store::{
@@ -17,6 +23,9 @@ use rmcp::transport::streamable_http_server::session::store::{
 
 /// The default budget for the events of all sessions together.
 pub const DEFAULT_EVENT_BYTES: usize = 32 << 20;
+
+/// The longest a resumed stream waits for its answer: a call's longest timeout.
+pub const RESUME_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Recent events of all tenants, within a byte budget. Each tenant's sessions see them
 /// through [`RecentEvents::of_tenant`].
@@ -48,6 +57,8 @@ struct Stream {
     kept: VecDeque<(u64, ServerSseMessage)>,
     /// The newest of its events dropped for the budget: a replay from before it has a gap.
     dropped_through: Option<u64>,
+    /// Woken at each event kept, while the stream's answer is still to come.
+    awaiting: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl RecentEvents {
@@ -182,12 +193,11 @@ impl EventStore for TenantStore {
         let mut kept = event.clone();
         kept.event_id = Some(id.clone());
         let events = all.tenants.entry(self.tenant.clone()).or_default();
-        events
-            .by_stream
-            .entry(stream_id.to_owned())
-            .or_default()
-            .kept
-            .push_back((sequence, kept));
+        let stream = events.by_stream.entry(stream_id.to_owned()).or_default();
+        stream.kept.push_back((sequence, kept));
+        if let Some(awaiting) = &stream.awaiting {
+            awaiting.notify_waiters();
+        }
         events
             .order
             .push_back((stream_id.to_owned(), sequence, bytes));
@@ -201,15 +211,85 @@ impl EventStore for TenantStore {
         &self,
         last_event_id: &str,
     ) -> Result<EventStream, EventStoreError> {
-        let all = self.events.lock();
-        let (kept, sequence) = all.stream_after(&self.tenant, last_event_id)?;
-        let after: Vec<ServerSseMessage> = kept
-            .kept
-            .iter()
-            .filter(|(seq, _)| *seq > sequence)
-            .map(|(_, event)| event.clone())
-            .collect();
-        Ok(Box::pin(futures::stream::iter(after)))
+        let (stream, sequence) = {
+            let all = self.events.lock();
+            let (_, sequence) = all.stream_after(&self.tenant, last_event_id)?;
+            let stream = last_event_id.rsplit_once('/').map(|(stream, _)| stream);
+            (stream.unwrap_or_default().to_owned(), sequence)
+        };
+        let follow = Follow {
+            events: self.events.clone(),
+            tenant: self.tenant.clone(),
+            stream,
+            after: sequence,
+            until: tokio::time::Instant::now() + RESUME_WAIT,
+        };
+        let events = futures::stream::unfold(follow, Follow::next).flat_map(futures::stream::iter);
+        Ok(Box::pin(sync_wrapper::SyncStream::new(events)))
+    }
+}
+
+impl TenantStore {
+    /// `stream`'s answer is still to come: a resume follows it until [`TenantStore::answered`].
+    pub fn awaiting(&self, stream: &str) {
+        let mut all = self.events.lock();
+        let kept = (all.tenants.get_mut(&self.tenant)).and_then(|t| t.by_stream.get_mut(stream));
+        if let Some(kept) = kept {
+            kept.awaiting = Some(Arc::default());
+        }
+    }
+
+    /// `stream` will have no more events: resumes following it end.
+    pub fn answered(&self, stream: &str) {
+        let mut all = self.events.lock();
+        let kept = (all.tenants.get_mut(&self.tenant)).and_then(|t| t.by_stream.get_mut(stream));
+        if let Some(awaiting) = kept.and_then(|kept| kept.awaiting.take()) {
+            awaiting.notify_waiters();
+        }
+    }
+}
+
+/// A resumed stream: what it kept after `after`, then what comes while it awaits its answer.
+struct Follow {
+    events: Arc<RecentEvents>,
+    tenant: Arc<str>,
+    stream: String,
+    after: u64,
+    until: tokio::time::Instant,
+}
+
+impl Follow {
+    /// The stream's next events, once there are some; `None` once it has no more to come.
+    async fn next(mut self) -> Option<(Vec<ServerSseMessage>, Self)> {
+        loop {
+            let (events, awaiting) = {
+                let all = self.events.lock();
+                let Ok((kept, _)) = all.stream_after(&self.tenant, &self.last_event_id()) else {
+                    return None;
+                };
+                let events: Vec<(u64, ServerSseMessage)> = (kept.kept.iter())
+                    .filter(|(seq, _)| *seq > self.after)
+                    .cloned()
+                    .collect();
+                // Registered under the lock: an event kept after it is not missed.
+                let awaiting = kept.awaiting.clone().map(|notify| {
+                    let mut notified = Box::pin(notify.notified_owned());
+                    notified.as_mut().enable();
+                    notified
+                });
+                (events, awaiting)
+            };
+            if let Some((newest, _)) = events.last() {
+                self.after = *newest;
+                return Some((events.into_iter().map(|(_, e)| e).collect(), self));
+            }
+            let awaiting = awaiting?;
+            tokio::time::timeout_at(self.until, awaiting).await.ok()?;
+        }
+    }
+
+    fn last_event_id(&self) -> String {
+        format!("{}/{}", self.stream, self.after)
     }
 }
 
@@ -253,6 +333,29 @@ mod tests {
             "an event never sent"
         );
         assert!(replay(&events, &format!("b/{}", u64::MAX)).await.is_err());
+    }
+
+    /// A request answered in place may be resumed before its answer: the resume waits for
+    /// it, and ends once no more is to come.
+    #[tokio::test]
+    async fn a_resumed_stream_awaiting_its_answer_gets_it_once_kept() {
+        let events = Arc::new(RecentEvents::new(1 << 20).of_tenant("t".into()));
+        let priming = events.store_event("s", &event("p")).await.unwrap();
+        events.awaiting("s");
+        let resumed = tokio::spawn({
+            let (events, priming) = (events.clone(), priming.clone());
+            async move { replay(&events, &priming).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!resumed.is_finished(), "the answer is still to come");
+        let answer = events.store_event("s", &event("a")).await.unwrap();
+        events.answered("s");
+        assert_eq!(resumed.await.unwrap().unwrap(), [answer]);
+        // A request cancelled before its answer: the resume ends with what was kept.
+        let priming = events.store_event("c", &event("p")).await.unwrap();
+        events.awaiting("c");
+        events.answered("c");
+        assert!(replay(&events, &priming).await.unwrap().is_empty());
     }
 
     #[tokio::test]

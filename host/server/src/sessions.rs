@@ -109,12 +109,12 @@ impl Sessions {
             return manager.clone();
         }
         let tenant: Arc<str> = tenant.into();
-        let mut manager = LocalSessionManager::default()
-            .with_event_store(Arc::new(self.events.of_tenant(tenant.clone())));
+        let events = Arc::new(self.events.of_tenant(tenant.clone()));
+        let mut manager = LocalSessionManager::default().with_event_store(events.clone());
         // rmcp's worker does not see the requests answered in place, so its idle timer would
         // close busy sessions: `close_idle` closes them instead.
         manager.session_config.keep_alive = None;
-        let manager = Arc::new(DirectSessions::new(manager));
+        let manager = Arc::new(DirectSessions::new(manager, Some(events)));
         managers.insert(tenant, manager.clone());
         manager
     }
