@@ -599,6 +599,9 @@ impl Pipeline {
 pub(crate) struct CallIds {
     prefix: u64,
     next: AtomicU64,
+    /// Keys the permutation that hides the counter: every tenant's calls take one, so
+    /// consecutive ids would tell a tenant how many calls the others made in between.
+    key: RandomState,
 }
 
 impl Default for CallIds {
@@ -606,6 +609,7 @@ impl Default for CallIds {
         CallIds {
             prefix: RandomState::new().hash_one(now_ms()),
             next: AtomicU64::new(1),
+            key: RandomState::new(),
         }
     }
 }
@@ -615,15 +619,23 @@ impl CallIds {
     pub fn node(&self) -> String {
         format!("{:016x}", self.prefix)
     }
-}
 
-impl CallIds {
+    /// A new id: the node, and the next count put through a keyed permutation (unique, as
+    /// the count is, and in no order a caller can read).
     pub fn next(&self) -> String {
-        format!(
-            "{:016x}-{:08x}",
-            self.prefix,
-            self.next.fetch_add(1, Ordering::Relaxed)
-        )
+        let count = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}-{:016x}", self.prefix, self.permuted(count))
+    }
+
+    /// A four-round Feistel network over the count's two halves, each round keyed by
+    /// `key`: a bijection of u64, so distinct counts give distinct ids.
+    fn permuted(&self, count: u64) -> u64 {
+        let (mut left, mut right) = ((count >> 32) as u32, count as u32);
+        for round in 0..4u32 {
+            let mixed = self.key.hash_one((round, right)) as u32;
+            (left, right) = (right, left ^ mixed);
+        }
+        (u64::from(left) << 32) | u64::from(right)
     }
 }
 
@@ -649,5 +661,25 @@ fn not_entered(refused: NotEntered) -> String {
         NotEntered::Timeout => {
             "the tenant's share of the host stayed busy for the whole timeout".into()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Call ids are unique, yet tell a tenant nothing of how many calls came between its own.
+    #[test]
+    fn call_ids_are_unique_and_out_of_order() {
+        let ids = CallIds::default();
+        let taken: Vec<String> = (0..10_000).map(|_| ids.next()).collect();
+        let distinct: std::collections::HashSet<&String> = taken.iter().collect();
+        assert_eq!(distinct.len(), taken.len());
+        let ascending = taken.windows(2).filter(|pair| pair[0] < pair[1]).count();
+        assert!(
+            (3_000..7_000).contains(&ascending),
+            "{ascending} of 9 999 in order"
+        );
+        assert!(taken.iter().all(|id| id.starts_with(&ids.node())));
     }
 }

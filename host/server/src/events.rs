@@ -36,7 +36,6 @@ pub struct RecentEvents {
 
 #[derive(Default)]
 struct Events {
-    next: u64,
     bytes: usize,
     tenants: HashMap<Arc<str>, TenantEvents>,
 }
@@ -44,12 +43,27 @@ struct Events {
 /// One tenant's events by stream. An event id is `stream/sequence`: the stream ids rmcp
 /// makes are random UUIDs (a request's) or the session's id (its common stream), so an id is
 /// known only to the client it was sent to, and it is looked up among its tenant's only.
-#[derive(Default)]
 struct TenantEvents {
+    /// The next event's sequence: the tenant's own, from a random start, so that the gaps
+    /// between its ids tell it nothing of other tenants' events.
+    next: u64,
     bytes: usize,
     by_stream: HashMap<String, Stream>,
     /// Every kept event, oldest first: (stream, sequence, bytes).
     order: VecDeque<(String, u64, usize)>,
+}
+
+impl TenantEvents {
+    fn new() -> Self {
+        use std::hash::BuildHasher;
+        let start = std::hash::RandomState::new().hash_one(0u8) >> 32;
+        TenantEvents {
+            next: start,
+            bytes: 0,
+            by_stream: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -187,12 +201,12 @@ impl EventStore for TenantStore {
     ) -> Result<EventId, EventStoreError> {
         let bytes = event_bytes(stream_id, event);
         let mut all = self.events.lock();
-        let sequence = all.next;
-        all.next += 1;
+        let events = (all.tenants.entry(self.tenant.clone())).or_insert_with(TenantEvents::new);
+        let sequence = events.next;
+        events.next += 1;
         let id = format!("{stream_id}/{sequence}");
         let mut kept = event.clone();
         kept.event_id = Some(id.clone());
-        let events = all.tenants.entry(self.tenant.clone()).or_default();
         let stream = events.by_stream.entry(stream_id.to_owned()).or_default();
         stream.kept.push_back((sequence, kept));
         if let Some(awaiting) = &stream.awaiting {
@@ -356,6 +370,20 @@ mod tests {
         events.awaiting("c");
         events.answered("c");
         assert!(replay(&events, &priming).await.unwrap().is_empty());
+    }
+
+    /// Event ids tell a tenant nothing of another's events: each counts its own.
+    #[tokio::test]
+    async fn a_tenants_event_ids_count_its_own_events_only() {
+        let all = RecentEvents::new(1 << 20);
+        let (one, other) = (all.of_tenant("one".into()), all.of_tenant("other".into()));
+        let sequence = |id: String| id.rsplit_once('/').unwrap().1.parse::<u64>().unwrap();
+        let first = sequence(one.store_event("s", &event("1")).await.unwrap());
+        for text in ["2", "3", "4"] {
+            other.store_event("o", &event(text)).await.unwrap();
+        }
+        let second = sequence(one.store_event("s", &event("5")).await.unwrap());
+        assert_eq!(second, first + 1);
     }
 
     #[tokio::test]
