@@ -267,7 +267,10 @@ async fn finish(
 ) -> Response {
     let payer = Payer::default();
     request.extensions_mut().insert(payer.clone());
-    let response = errors_in_one_shape(next.run(request).await).await;
+    let response = match encoded_body(&request) {
+        Some(refused) => refused.into_response(),
+        None => errors_in_one_shape(next.run(request).await).await,
+    };
     let mut response = match payer.tenant() {
         Some(tenant) => app
             .responses
@@ -288,6 +291,24 @@ async fn finish(
         response.headers_mut().insert(header::CONNECTION, close);
     }
     response
+}
+
+/// A body sent compressed (`Content-Encoding`) would be read as if it were not: refused as
+/// what it is.
+fn encoded_body(request: &Request) -> Option<ApiError> {
+    let encoding = request.headers().get(header::CONTENT_ENCODING)?;
+    if encoding.as_bytes().eq_ignore_ascii_case(b"identity") {
+        return None;
+    }
+    let encoding: String = String::from_utf8_lossy(encoding.as_bytes())
+        .chars()
+        .take(64)
+        .collect();
+    Some(ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        format!("request bodies are read as sent: `Content-Encoding: {encoding}` is not supported"),
+    ))
 }
 
 /// Every error in the one shape, also those that axum's extractors and rmcp write as plain
@@ -1629,6 +1650,23 @@ mod tests {
         tokio::time::resume();
         let read = call_with(&router, &acme, "none", small()).await;
         assert_eq!(read.0, StatusCode::NOT_FOUND, "acme's bytes are back");
+    }
+
+    #[tokio::test]
+    async fn a_compressed_body_is_refused_not_misread() {
+        let (router, acme, _) = router_for_acme_and_globex().await;
+        let call = |encoding: &str| {
+            Request::post("/v1/tools/weather/call")
+                .header(header::AUTHORIZATION, format!("Bearer {acme}"))
+                .header(header::CONTENT_ENCODING, encoding)
+                .body(Body::from(r#"{"arguments": {}}"#))
+                .unwrap()
+        };
+        let refused = status_and_code(&router, call("gzip")).await;
+        let expected = (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type");
+        assert_eq!(refused, (expected.0, expected.1.into()));
+        let read = status_and_code(&router, call("identity")).await;
+        assert_ne!(read.0, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{read:?}");
     }
 
     #[tokio::test]
