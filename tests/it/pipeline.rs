@@ -661,6 +661,18 @@ async fn a_durable_call_runs_on_one_node_and_one_left_running_is_taken_up_at_res
                 if errors[0].message.contains("caller data are at most 65536 bytes")),
             "{refused:?}"
         );
+        // Deeper than the store reads back: refused, not queued to head every claim.
+        let mut deep = json!(null);
+        for _ in 0..100 {
+            deep = json!([deep]);
+        }
+        let deep = acme.clone().with_data(deep);
+        let refused = host.submit(&deep, "nap", json!({"ms": 1})).await;
+        assert!(
+            matches!(&refused, Err(CallError::InvalidArgs { errors })
+                if errors[0].message.contains("nest at most 64 levels")),
+            "{refused:?}"
+        );
         let id = host.submit(&acme, "nap", json!({"ms": 10})).await.unwrap();
         let wait = Duration::from_secs(10);
         let done = host.durable_call("acme", &id, wait).await.unwrap().unwrap();

@@ -59,6 +59,12 @@ pub enum ApprovalError {
         "a call held for approval has at most {MAX_HELD_ARGS_BYTES} bytes of arguments as JSON; these are {0}"
     )]
     ArgsTooLarge(u64),
+    /// The call's arguments or caller data nest deeper than the store reads back.
+    #[error(
+        "a call held for approval has arguments and caller data that nest at most {most} levels of arrays and objects; these nest {0}",
+        most = toolhost_spec::clip::MAX_STORED_DEPTH
+    )]
+    TooDeep(usize),
     /// The decision was not recorded, so the call stays pending.
     #[error("storage: {0}")]
     Store(#[from] StoreError),
@@ -174,6 +180,11 @@ impl Approvals {
         let size = toolhost_spec::clip::json_bytes(&args);
         if size > MAX_HELD_ARGS_BYTES {
             return Err(ApprovalError::ArgsTooLarge(size));
+        }
+        let depth = toolhost_spec::clip::json_depth(&args)
+            .max(toolhost_spec::clip::json_depth(&caller.data));
+        if depth > toolhost_spec::clip::MAX_STORED_DEPTH {
+            return Err(ApprovalError::TooDeep(depth));
         }
         let _writing = self.writing(&caller.tenant).await;
         let now = now_ms();
@@ -352,6 +363,30 @@ mod tests {
 
     /// Holds and decisions went one at a time for all tenants, each with its store write: one
     /// tenant's stream of them kept another's approval-gated calls waiting.
+    /// Held calls are stored: one nesting deeper than the store reads back is refused.
+    #[tokio::test]
+    async fn a_call_too_deep_to_read_back_is_not_held() {
+        let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());
+        let approvals = Approvals::load(store).await.unwrap();
+        let mut deep = json!(null);
+        for _ in 0..100 {
+            deep = json!([deep]);
+        }
+        let acme = Caller::tenant("acme");
+        let refused = approvals.hold("a", &acme, "wire", deep.clone()).await;
+        assert!(
+            matches!(refused, Err(ApprovalError::TooDeep(100))),
+            "{refused:?}"
+        );
+        let refused = approvals
+            .hold("b", &acme.with_data(deep), "wire", json!({}))
+            .await;
+        assert!(
+            matches!(refused, Err(ApprovalError::TooDeep(100))),
+            "{refused:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_hold_waits_for_its_own_tenants_holds_only() {
         let store: Arc<dyn Store> = Arc::new(RedbStore::temporary().unwrap());

@@ -313,19 +313,29 @@ impl Pipeline {
                 retry_after_ms: None,
             });
         }
+        use toolhost_spec::clip::{MAX_STORED_DEPTH, json_depth};
         for (what, value) in [("arguments", &args), ("caller data", &caller.data)] {
             let size = toolhost_spec::clip::json_bytes(value);
-            if size > MAX_DURABLE_ARGS_BYTES as u64 {
-                return Err(CallError::InvalidArgs {
-                    errors: vec![toolhost_spec::schema::ArgError {
-                        path: String::new(),
-                        message: format!(
-                            "a durable call's {what} are at most {MAX_DURABLE_ARGS_BYTES} bytes \
-                             of JSON; these are {size}"
-                        ),
-                    }],
-                });
-            }
+            let refused = if size > MAX_DURABLE_ARGS_BYTES as u64 {
+                format!(
+                    "a durable call's {what} are at most {MAX_DURABLE_ARGS_BYTES} bytes of JSON; \
+                     these are {size}"
+                )
+            } else if json_depth(value) > MAX_STORED_DEPTH {
+                format!(
+                    "a durable call's {what} nest at most {MAX_STORED_DEPTH} levels of arrays \
+                     and objects; these nest {}",
+                    json_depth(value)
+                )
+            } else {
+                continue;
+            };
+            return Err(CallError::InvalidArgs {
+                errors: vec![toolhost_spec::schema::ArgError {
+                    path: String::new(),
+                    message: refused,
+                }],
+            });
         }
         let spec = tool.spec();
         let call = DurableCall {

@@ -405,12 +405,14 @@ impl Pipeline {
             Err(ApprovalError::Store(error)) => CallError::StorageUnavailable {
                 message: format!("could not hold the call for approval: {error}"),
             },
-            Err(error @ ApprovalError::ArgsTooLarge(_)) => CallError::InvalidArgs {
-                errors: vec![toolhost_spec::schema::ArgError {
-                    path: String::new(),
-                    message: error.to_string(),
-                }],
-            },
+            Err(error @ (ApprovalError::ArgsTooLarge(_) | ApprovalError::TooDeep(_))) => {
+                CallError::InvalidArgs {
+                    errors: vec![toolhost_spec::schema::ArgError {
+                        path: String::new(),
+                        message: error.to_string(),
+                    }],
+                }
+            }
             Err(error) => CallError::RateLimited {
                 limit: "pending approvals",
                 message: error.to_string(),

@@ -107,6 +107,26 @@ pub fn json_bytes(value: &impl serde::Serialize) -> u64 {
     serde_json::to_writer(&mut count, value).map_or(u64::MAX, |()| count.0)
 }
 
+/// Levels of arrays and objects a stored call's arguments or caller data may nest: the store
+/// wraps them a few levels deeper, and reads back at most 128 (serde_json's limit).
+pub const MAX_STORED_DEPTH: usize = 64;
+
+/// Levels of arrays and objects in `value`: 0 for a scalar, 1 for `[]` or `{"a": 1}`.
+pub fn json_depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut pending = vec![(value, 0)];
+    while let Some((value, depth)) = pending.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(depth + 1);
+        pending.extend(children.map(|child| (child, depth + 1)));
+    }
+    deepest
+}
+
 /// The largest string length, array length or key count anywhere in `value`.
 fn widest(value: &Value) -> usize {
     match value {
@@ -216,5 +236,17 @@ mod tests {
         let note = out[DROPPED_KEYS].as_str().unwrap();
         let kept = out.as_object().unwrap().len() - 1;
         assert_eq!(note, format!("+{} keys", 50 - kept));
+    }
+
+    #[test]
+    fn depth_counts_levels_of_arrays_and_objects() {
+        assert_eq!(json_depth(&json!(1)), 0);
+        assert_eq!(json_depth(&json!([])), 1);
+        assert_eq!(json_depth(&json!({"a": [1, {"b": []}], "c": 2})), 4);
+        let mut deep = json!(null);
+        for _ in 0..1000 {
+            deep = json!([deep]);
+        }
+        assert_eq!(json_depth(&deep), 1000);
     }
 }

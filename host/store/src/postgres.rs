@@ -101,6 +101,9 @@ impl PgOptions {
     }
 }
 
+/// Unreadable durable calls a node passes over ([`PgStore::unreadable_durable`]).
+const MAX_UNREADABLE_DURABLE: usize = 1024;
+
 /// The PostgreSQL implementation of [`Store`].
 pub struct PgStore {
     pool: PgPool,
@@ -113,9 +116,16 @@ pub struct PgStore {
     changes: broadcast::Sender<Change>,
     /// Dropped with the store: stops its listener.
     _stop_listening: oneshot::Sender<()>,
+    /// Durable calls this node could not read (another version's, or too deep to read back):
+    /// left queued, as redb leaves them, and passed over so that none heads every claim.
+    unreadable_durable: std::sync::Mutex<Vec<String>>,
 }
 
 impl PgStore {
+    fn lock_unreadable(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        (self.unreadable_durable.lock()).unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Connects, applies the migrations this database lacks, and starts listening for other
     /// nodes' changes.
     pub async fn connect(options: &PgOptions) -> Result<Self> {
@@ -157,6 +167,7 @@ impl PgStore {
             node,
             changes,
             _stop_listening: stop_listening,
+            unreadable_durable: std::sync::Mutex::default(),
         })
     }
 
@@ -1129,23 +1140,38 @@ impl Store for PgStore {
             let mut tx = self.begin_control().await?;
             let now_ms = database_now(&mut tx).await?;
             let lease_until_ms = now_ms.saturating_add(lease);
+            let unreadable = self.lock_unreadable().clone();
             let row: Option<(String, String)> = sqlx::query_as(
                 // The tenant running the fewest calls first, then the oldest call: one tenant's
                 // flood of slow calls never holds every worker while another's wait.
                 "SELECT id, call FROM durable_calls d \
-                 WHERE status = 'queued' OR (status = 'running' AND lease_until_ms < $1) \
+                 WHERE (status = 'queued' OR (status = 'running' AND lease_until_ms < $1)) \
+                 AND NOT (id = ANY($2)) \
                  ORDER BY (SELECT count(*) FROM durable_calls r WHERE r.tenant = d.tenant \
                  AND r.status = 'running' AND r.lease_until_ms >= $1), created_at_ms \
                  LIMIT 1 FOR UPDATE SKIP LOCKED",
             )
             .bind(to_i64(now_ms))
+            .bind(&unreadable)
             .fetch_optional(&mut *tx)
             .await
             .map_err(backend)?;
             let Some((id, json)) = row else {
                 return Ok(None);
             };
-            let mut call: DurableCall = parse("durable call", &id, &json)?;
+            let mut call: DurableCall = match parse("durable call", &id, &json) {
+                Ok(call) => call,
+                Err(_) => {
+                    let mut unreadable = self.lock_unreadable();
+                    // Its tenant's unended calls are capped, so these are few; past a bound,
+                    // forgotten (a claim reads them once more).
+                    if unreadable.len() >= MAX_UNREADABLE_DURABLE {
+                        unreadable.clear();
+                    }
+                    unreadable.push(id);
+                    continue;
+                }
+            };
             let claimed = crate::claim(&mut call, node, now_ms, lease_until_ms);
             write_durable(&mut tx, &call, false).await?;
             if call.ended() {

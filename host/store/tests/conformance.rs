@@ -85,6 +85,7 @@ conformance!(
     a_tenant_keeps_its_newest_ended_durable_calls_as_they_end,
     a_tenant_keeps_at_most_its_bytes_of_ended_durable_calls,
     a_tenant_running_fewer_durable_calls_is_served_first,
+    an_unreadable_durable_call_holds_up_no_other,
 );
 
 fn key() -> SecretsKey {
@@ -622,6 +623,23 @@ fn durable(id: &str, retries_left: u32, created_at_ms: u64) -> DurableCall {
         attempts: 0,
         created_at_ms,
         state: DurableState::Queued,
+    }
+}
+
+/// A record too deep to read back (written, since writing has no depth limit) is passed
+/// over: it heads the queue (oldest, its tenant running nothing), yet another's call runs.
+async fn an_unreadable_durable_call_holds_up_no_other(store: Arc<dyn Store>) {
+    let mut deep = durable("deep", 0, 1);
+    deep.caller.tenant = "mallory".into();
+    for _ in 0..130 {
+        deep.caller.data = json!([deep.caller.data]);
+    }
+    store.durable_put(&deep).await.unwrap();
+    store.durable_put(&durable("fine", 0, 2)).await.unwrap();
+    for attempt in 0..3 {
+        let claimed = store.durable_claim("n", 1_000, 60_000).await.unwrap();
+        let expected = (attempt == 0).then_some("fine");
+        assert_eq!(claimed.as_ref().map(|c| c.id.as_str()), expected);
     }
 }
 
