@@ -1,7 +1,7 @@
 //! Tenants and what belongs to each beside its tools: configuration values and secrets, API
 //! keys, and its policy (cached in memory; the host's default for a tenant without one).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -117,8 +117,14 @@ impl Tenants {
         if !self.store.tenants().await?.iter().any(|t| t == tenant) {
             return Err(ManageError::NoTenant(tenant.chars().take(128).collect()));
         }
-        let mut random = [0u8; 20];
-        getrandom::fill(&mut random).map_err(|e| ManageError::Random(e.to_string()))?;
+        // A revoke names a key by its id: ids are unique among all tenants' keys, so that one
+        // tenant's revoke never takes another's key.
+        let taken: HashSet<String> = self.store.keys().await?.into_iter().map(|k| k.id).collect();
+        let random = unused_key_bytes(&taken, || {
+            let mut random = [0u8; 20];
+            getrandom::fill(&mut random).map_err(|e| ManageError::Random(e.to_string()))?;
+            Ok(random)
+        })?;
         let id = hex(&random[..4]);
         let secret = format!("thk_{id}_{}", hex(&random[4..]));
         let record = KeyRecord {
@@ -235,5 +241,33 @@ fn check_tenant(tenant: &str) -> Result<(), ManageError> {
     match is_valid_tenant(tenant) {
         true => Ok(()),
         false => Err(ManageError::Tenant(tenant.chars().take(128).collect())),
+    }
+}
+
+/// A new key's random bytes, the first four its id, drawn again while `taken` has that id.
+fn unused_key_bytes(
+    taken: &HashSet<String>,
+    mut draw: impl FnMut() -> Result<[u8; 20], ManageError>,
+) -> Result<[u8; 20], ManageError> {
+    loop {
+        let random = draw()?;
+        if !taken.contains(&hex(&random[..4])) {
+            return Ok(random);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_keys_id_is_none_of_the_taken_ones() {
+        let taken = HashSet::from(["01020304".to_owned()]);
+        let mut taken_first = [0u8; 20];
+        taken_first[..4].copy_from_slice(&[1, 2, 3, 4]);
+        let mut draws = [taken_first, [1; 20]].into_iter();
+        let random = unused_key_bytes(&taken, || Ok(draws.next().unwrap())).unwrap();
+        assert_eq!(random, [1; 20], "the taken id was drawn again");
     }
 }
