@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::sync::broadcast::{self, error::RecvError};
-use toolhost_store::{Change, now_ms};
+use toolhost_store::Change;
 
 use crate::approval::Approvals;
 use crate::catalog::Catalog;
@@ -166,7 +166,7 @@ pub(crate) fn heartbeat(pipeline: &Arc<Pipeline>) -> Following {
     let pipeline = Arc::downgrade(pipeline);
     Following(tokio::spawn(async move {
         while let Some(pipeline) = pipeline.upgrade() {
-            let beat = pipeline.store.heartbeat(&pipeline.node, now_ms()).await;
+            let beat = pipeline.store.heartbeat(&pipeline.node).await;
             match beat {
                 Ok(nodes) => {
                     pipeline.admission.set_nodes(nodes);

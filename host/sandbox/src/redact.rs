@@ -6,7 +6,10 @@
 use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+use memchr::memmem;
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub(crate) const REDACTED: &str = "[redacted]";
 /// Shorter encoded fragments would match innocent text.
@@ -69,26 +72,47 @@ fn base64_core(engine: &impl Engine, secret: &[u8], offset: usize) -> String {
 
 /// Forms of this many bytes in all, or fewer, are found in one pass (32 API tokens take a
 /// tenth of it); an automaton for more (secrets of tens of KiB) takes long to build, and
-/// they are searched form by form.
+/// they are searched form by form, each with a searcher built once.
 const MAX_FINDER_BYTES: usize = 256 << 10;
 
-/// Bytes a search form by form may scan in all (each form's length of text): past it, the
-/// text is withheld whole rather than searched for seconds (some 350 forms of 32 long secrets
-/// in 16 MiB is 5.6 GB).
+/// Bytes one call's searches form by form may scan in all (each form's length of text, for
+/// the forms no longer than it): past it, a text is withheld whole rather than searched for
+/// seconds outside the call's deadline (some 350 forms of 32 long secrets in 16 MiB is 5.6 GB).
 const MAX_SCAN_BYTES: usize = 1 << 30;
 
-/// Every form of the secrets one call read, and what finds them: form by form, a response
-/// is scanned once per form (outside any guest's fuel); one pass scans it once.
-#[derive(Clone, Default)]
+/// Every form of the secrets one call read, and what finds them: form by form, a text is
+/// scanned once per form no longer than it (outside any guest's fuel, so within a budget
+/// shared by all the call's texts); one pass scans it once.
+#[derive(Clone)]
 pub(crate) struct Redactor {
     /// Longest first.
     forms: Vec<String>,
     /// The secrets whose forms are in `forms`.
     secrets: std::collections::HashSet<String>,
     finder: Option<AhoCorasick>,
+    /// One per form, in the same order, when there is no `finder`.
+    finders: Vec<memchr::memmem::Finder<'static>>,
+    /// Bytes still to scan form by form, for the whole call (its clones share it).
+    scan_left: Arc<AtomicUsize>,
+}
+
+impl Default for Redactor {
+    fn default() -> Self {
+        Redactor::with_scan_budget(MAX_SCAN_BYTES)
+    }
 }
 
 impl Redactor {
+    fn with_scan_budget(bytes: usize) -> Self {
+        Redactor {
+            forms: Vec::new(),
+            secrets: Default::default(),
+            finder: None,
+            finders: Vec::new(),
+            scan_left: Arc::new(AtomicUsize::new(bytes)),
+        }
+    }
+
     /// Adds `secret`'s forms; a secret added before adds nothing.
     pub(crate) fn add(&mut self, secret: &str) {
         if secret.is_empty() || !self.secrets.insert(secret.to_owned()) {
@@ -109,6 +133,12 @@ impl Redactor {
                     .ok()
             })
             .flatten();
+        self.finders = match self.finder {
+            Some(_) => Vec::new(),
+            None => (self.forms.iter())
+                .map(|form| memchr::memmem::Finder::new(form.as_bytes()).into_owned())
+                .collect(),
+        };
     }
 
     /// How many forms it looks for.
@@ -117,33 +147,47 @@ impl Redactor {
         self.forms.len()
     }
 
-    /// `text` with every form of every secret replaced.
+    /// `text` with every form of every secret replaced; withheld whole if searching it form
+    /// by form would pass the call's scan budget.
     pub(crate) fn redact(&self, text: &str) -> String {
-        self.redact_within(text, MAX_SCAN_BYTES)
-    }
-
-    /// As [`Redactor::redact`], withholding the text if searching it form by form would
-    /// scan more than `max_scan` bytes.
-    fn redact_within(&self, text: &str, max_scan: usize) -> String {
-        match &self.finder {
-            Some(finder) => {
-                let mut clean = String::with_capacity(text.len());
-                finder.replace_all_with(text, &mut clean, |_, _, clean| {
-                    clean.push_str(REDACTED);
-                    true
-                });
-                clean
-            }
-            None if self.forms.len().saturating_mul(text.len()) > max_scan => format!(
+        if let Some(finder) = &self.finder {
+            let mut clean = String::with_capacity(text.len());
+            finder.replace_all_with(text, &mut clean, |_, _, clean| {
+                clean.push_str(REDACTED);
+                true
+            });
+            return clean;
+        }
+        let fits = |finder: &&memmem::Finder| finder.needle().len() <= text.len();
+        let scan: usize = self.finders.iter().filter(fits).map(|_| text.len()).sum();
+        let spent = (self.scan_left).fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+            left.checked_sub(scan)
+        });
+        if spent.is_err() {
+            return format!(
                 "[withheld: {} bytes is too much text to search for {} forms of secrets]",
                 text.len(),
                 self.forms.len()
-            ),
-            None => self.forms.iter().fold(text.to_owned(), |text, form| {
-                text.replace(form.as_str(), REDACTED)
-            }),
+            );
         }
+        self.finders
+            .iter()
+            .filter(fits)
+            .fold(text.to_owned(), |text, finder| replaced(finder, &text))
     }
+}
+
+/// `text` with each match of `finder` replaced by [`REDACTED`].
+fn replaced(finder: &memmem::Finder, text: &str) -> String {
+    let mut clean = String::with_capacity(text.len());
+    let mut copied = 0;
+    for at in finder.find_iter(text.as_bytes()) {
+        clean.push_str(&text[copied..at]);
+        clean.push_str(REDACTED);
+        copied = at + finder.needle().len();
+    }
+    clean.push_str(&text[copied..]);
+    clean
 }
 
 #[cfg(test)]
@@ -220,14 +264,38 @@ mod tests {
         redactor.add(&large);
         assert!(redactor.finder.is_none());
         let text = format!("{large}x");
-        let exactly = text.len() * redactor.forms();
-        assert_eq!(
-            redactor.redact_within(&text, exactly),
-            format!("{REDACTED}x")
-        );
-        let withheld = redactor.redact_within(&text, exactly - 1);
+        // Each form no longer than the text scans it once (its base64 is longer).
+        let fitting = redactor.forms.iter().filter(|f| f.len() <= text.len());
+        let scanned = text.len() * fitting.count();
+        let budgeted = |bytes| {
+            let mut redactor = Redactor::with_scan_budget(bytes);
+            redactor.add(&large);
+            redactor
+        };
+        assert_eq!(budgeted(scanned).redact(&text), format!("{REDACTED}x"));
+        let withheld = budgeted(scanned - 1).redact(&text);
         assert!(withheld.starts_with("[withheld: "), "{}", &withheld[..40]);
         assert!(!withheld.contains(&large));
+        // The budget is the call's, not each text's: a second text finds it spent.
+        let once = budgeted(scanned);
+        assert_eq!(once.redact(&text), format!("{REDACTED}x"));
+        assert!(once.clone().redact(&text).starts_with("[withheld: "));
+    }
+
+    /// A short text is not searched for forms longer than it: 32 secrets of 64 KB and
+    /// thousands of short log lines once cost minutes of host CPU per call.
+    #[test]
+    fn a_short_text_costs_nothing_of_long_forms() {
+        let mut redactor = Redactor::with_scan_budget(1);
+        for n in 0..4 {
+            redactor.add(&format!("{n}{}", "a/ \"Z".repeat(13_000)));
+        }
+        assert!(redactor.finder.is_none());
+        for _ in 0..10_000 {
+            assert_eq!(redactor.redact("a short line"), "a short line");
+        }
+        let left = redactor.scan_left.load(Ordering::Acquire);
+        assert_eq!(left, 1, "nothing was scanned");
     }
 
     #[test]

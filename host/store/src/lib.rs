@@ -551,10 +551,11 @@ pub trait Store: Send + Sync {
         Ok(())
     }
 
-    /// Records that `node` is alive at `now_ms`; how many nodes are (heard from within
-    /// [`NODE_TTL_MS`]), this one included. A store only this process writes is one node.
-    async fn heartbeat(&self, node: &str, now_ms: u64) -> Result<u32> {
-        let _ = (node, now_ms);
+    /// Records that `node` is alive now, in the store's own time (nodes' clocks may differ);
+    /// how many nodes are (heard from within [`NODE_TTL_MS`]), this one included. A store only
+    /// this process writes is one node.
+    async fn heartbeat(&self, node: &str) -> Result<u32> {
+        let _ = node;
         Ok(1)
     }
     /// Forgets `node` (it is stopping), so the others' shares grow at once.

@@ -1196,9 +1196,12 @@ impl Store for PgStore {
     }
 
     async fn durable_finish(&self, id: &str, node: &str, outcome: &Value) -> Result<bool> {
+        // In the database's time, as every other ending is: ended calls are trimmed newest
+        // first by it, and a node whose clock is behind would have its outcome trimmed at once.
+        let ended_at_ms = database_now(&mut self.begin_control().await?).await?;
         let next = DurableState::Done {
             outcome: outcome.clone(),
-            ended_at_ms: now_ms(),
+            ended_at_ms,
         };
         self.durable_own(id, node, next).await
     }
@@ -1269,8 +1272,11 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn heartbeat(&self, node: &str, now_ms: u64) -> Result<u32> {
+    async fn heartbeat(&self, node: &str) -> Result<u32> {
         let mut tx = self.begin_control().await?;
+        // In the database's time, as leases are: a node whose clock is ahead would count no
+        // other node alive, and take the whole of every shared limit.
+        let now_ms = database_now(&mut tx).await?;
         sqlx::query(
             "INSERT INTO nodes (node, last_seen_ms) VALUES ($1, $2) \
              ON CONFLICT (node) DO UPDATE SET last_seen_ms = EXCLUDED.last_seen_ms",
