@@ -419,6 +419,45 @@ async fn installs_stop_at_the_tenants_code_quota() {
         .expect("removing the tool made room");
 }
 
+/// Code let go of (a version past the kept ones, a removed tool) is collected while the host
+/// runs: it was collected only as a host opened, so a tenant churning versions could fill the
+/// disk between restarts. Until then it counts against the tenant's code quota.
+#[tokio::test]
+async fn code_let_go_of_is_collected_while_the_host_runs() {
+    let host = Host::open(crate::plugins::config()).await.unwrap();
+    let def = |n: usize| -> toolhost::http_tool::HttpToolDef {
+        serde_json::from_value(json!({
+            "spec": {"name": "churn", "description": "Churns.", "parameters": {"type": "object"}},
+            "request": {"method": "get", "url": format!("https://example.com/v{n}")}
+        }))
+        .unwrap()
+    };
+    let definition = |host: &Host| match host.describe("acme", "churn").unwrap().source {
+        toolhost::Source::Http { definition, .. } => definition,
+        other => panic!("{other:?}"),
+    };
+    let gone = async |host: &Host, sha: &str| {
+        let started = Instant::now();
+        while host.store().has_blob(sha).await.unwrap() {
+            assert!(started.elapsed() < Duration::from_secs(20), "{sha} kept");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    host.install_http("acme", def(0)).await.unwrap();
+    let first = definition(&host);
+    for n in 1..=toolhost_store::MAX_VERSIONS_KEPT + 1 {
+        host.install_http("acme", def(n)).await.unwrap();
+    }
+    gone(&host, &first).await;
+    let last = definition(&host);
+    assert!(
+        host.store().has_blob(&last).await.unwrap(),
+        "a kept version's"
+    );
+    assert!(host.remove("acme", "churn").await.unwrap());
+    gone(&host, &last).await;
+}
+
 /// Specs count against the code quota too: HTTP tools that share one request definition
 /// (stored once) were free, so a tenant could add any number of them.
 #[tokio::test]

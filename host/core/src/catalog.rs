@@ -18,6 +18,7 @@ use crate::config::{MAX_JS_SOURCE_BYTES, MAX_SPEC_BYTES_PER_TENANT, MAX_TOOLS_PE
 use crate::error::{InstallError, ManageError};
 use crate::http_tool::HttpToolDef;
 use crate::registry::{NativeRegistry, NativeTool, TenantTool, TenantTools, is_valid_tenant};
+use crate::released::Released;
 
 /// A stored-source JS tool as stored: its source, and the runtime (by component sha256) it
 /// was installed on and keeps running on, so a new runtime never changes an installed tool.
@@ -27,6 +28,15 @@ pub struct JsSource {
     pub runtime: String,
     /// The tool's JavaScript.
     pub source: String,
+}
+
+/// The blobs `entries`' versions are implemented by, with their bytes (not the JS runtimes
+/// they run on, which collection keeps while any tool names them).
+fn blobs_named<'a>(entries: impl IntoIterator<Item = &'a ToolEntry>) -> HashMap<String, u64> {
+    let versions = entries.into_iter().flat_map(|entry| &entry.versions);
+    versions
+        .map(|version| (version.component.clone(), version.bytes))
+        .collect()
 }
 
 /// Forgets the blobs that no kept version of any tool implements: those of removed tools
@@ -163,6 +173,15 @@ pub(crate) struct Catalog {
     /// Each tenant's tools revision as of this process's last full read of them: a re-sync
     /// reads again only the tenants whose stored revision moved since.
     revisions_read: std::sync::Mutex<HashMap<String, u64>>,
+    /// Blobs let go of and not yet collected.
+    released: Released,
+}
+
+/// New versions of a tenant's tools, to be stored, and the blobs no version of its tools
+/// names any more once they are.
+struct Planned {
+    entries: Vec<ToolEntry>,
+    released: Vec<(String, u64)>,
 }
 
 /// When each tenant's tools last changed, counted in the catalog's changes. One count for
@@ -251,7 +270,59 @@ impl Catalog {
             stamps: Default::default(),
             js_runtime: stored.js_runtime,
             revisions_read: std::sync::Mutex::new(stored.revisions),
+            released: Released::default(),
         }
+    }
+
+    /// Collects released blobs in the background, a few seconds after each release, while
+    /// the catalog lives.
+    pub fn collect_released_blobs(self: &Arc<Self>) {
+        let catalog = Arc::downgrade(self);
+        let soon = self.released.waiter();
+        tokio::spawn(async move {
+            let mut again = None;
+            loop {
+                match again {
+                    Some(after) => {
+                        let _ = tokio::time::timeout(after, soon.notified()).await;
+                    }
+                    None => soon.notified().await,
+                }
+                tokio::time::sleep(crate::released::COLLECT_AFTER).await;
+                let Some(catalog) = catalog.upgrade() else {
+                    return;
+                };
+                again = match catalog.collect_released().await {
+                    Ok(true) => None,
+                    Ok(false) => Some(crate::released::COLLECT_AGAIN_AFTER),
+                    Err(error) => {
+                        tracing::warn!(%error, "released blobs not collected; trying again later");
+                        Some(crate::released::COLLECT_AGAIN_AFTER)
+                    }
+                };
+            }
+        });
+    }
+
+    /// Removes the blobs no tool names (as at open), then settles each released one that is
+    /// gone or named again; whether none is left.
+    async fn collect_released(&self) -> Result<bool, StoreError> {
+        let records = {
+            let _alone = self.released.collecting().await;
+            let records = self.store.tool_entries().await?;
+            collect_blobs(&*self.store, &records, self.js_runtime.as_deref()).await?;
+            records
+        };
+        let named: HashSet<&str> = (records.entries.iter())
+            .flat_map(|entry| &entry.versions)
+            .map(|version| version.component.as_str())
+            .collect();
+        for (tenant, sha) in self.released.all() {
+            if named.contains(sha.as_str()) || !self.store.has_blob(&sha).await? {
+                self.released.settled(&tenant, &sha);
+            }
+        }
+        Ok(self.released.all().is_empty())
     }
 
     pub fn natives(&self) -> &NativeRegistry {
@@ -291,11 +362,12 @@ impl Catalog {
         let _writing = self.entry_writes.lock(tenant).await;
         let _cluster = self.store.lock_entries(tenant).await?;
         let blob = (component.sha.as_str(), component.bytes.len() as u64);
-        let changed = self
+        let planned = self
             .plan_versions(tenant, (SourceKind::Wasm, None), &specs, blob, code_quota)
             .await?;
+        let _installing = self.released.installing().await;
         self.components.keep(tenant, component).await?;
-        self.commit_versions(tenant, changed).await?;
+        self.commit_versions(tenant, planned).await?;
         Ok(specs)
     }
 
@@ -367,28 +439,57 @@ impl Catalog {
         let _writing = self.entry_writes.lock(tenant).await;
         let _cluster = self.store.lock_entries(tenant).await?;
         let specs = std::slice::from_ref(&spec);
-        let changed = self
+        let planned = self
             .plan_versions(tenant, kind, specs, (&sha, blob.len() as u64), code_quota)
             .await?;
+        let _installing = self.released.installing().await;
         self.store.put_blob(&sha, blob).await?;
-        self.commit_versions(tenant, changed).await?;
+        self.commit_versions(tenant, planned).await?;
         Ok(spec)
     }
 
     /// The entries of `specs`' tools, each with a new version of `kind` (and runtime)
-    /// implemented by `blob` (sha256, bytes), unless the tenant's kept versions would then hold more than `code_quota`
-    /// bytes of code. The caller holds the entry lock; nothing is stored yet.
+    /// implemented by `blob` (sha256, bytes), unless the tenant's kept versions and its
+    /// released blobs not yet collected would then hold more than `code_quota` bytes of code.
+    /// The caller holds the entry lock; nothing is stored yet.
     async fn plan_versions(
+        &self,
+        tenant: &str,
+        kind: (SourceKind, Option<String>),
+        specs: &[ToolSpec],
+        blob: (&str, u64),
+        code_quota: u64,
+    ) -> Result<Planned, InstallError> {
+        let planned = (self.plan_versions_now(tenant, kind.clone(), specs, blob, code_quota)).await;
+        // Past the quota while code it let go of awaits collection: collected now (at most
+        // once a second, as a collection reads every tool), and planned again.
+        match planned {
+            Err(InstallError::CodeQuota { .. })
+                if self.released.weight(tenant) > 0 && self.released.may_collect_now() =>
+            {
+                self.collect_released().await?;
+                (self.plan_versions_now(tenant, kind, specs, blob, code_quota)).await
+            }
+            planned => planned,
+        }
+    }
+
+    async fn plan_versions_now(
         &self,
         tenant: &str,
         kind: (SourceKind, Option<String>),
         specs: &[ToolSpec],
         (sha, bytes): (&str, u64),
         code_quota: u64,
-    ) -> Result<Vec<ToolEntry>, InstallError> {
+    ) -> Result<Planned, InstallError> {
         let installed_at_ms = now_ms();
         let mut entries = self.store.tool_entries_of(tenant).await?;
-        let before = (code_bytes(&entries), spec_bytes(&entries));
+        let named_before = blobs_named(&entries);
+        let released_weight = self.released.weight(tenant);
+        let before = (
+            code_bytes(&entries).saturating_add(released_weight),
+            spec_bytes(&entries),
+        );
         let mut changed = Vec::with_capacity(specs.len());
         for spec in specs {
             let mut entry = match entries.iter().position(|e| e.name == spec.name) {
@@ -409,7 +510,7 @@ impl Catalog {
             );
             changed.push(entry);
         }
-        let used = code_bytes(entries.iter().chain(&changed));
+        let used = code_bytes(entries.iter().chain(&changed)).saturating_add(released_weight);
         // Past the quota only by growing: an install that adds nothing is never refused.
         if used > code_quota && used > before.0 {
             return Err(InstallError::CodeQuota {
@@ -421,18 +522,22 @@ impl Catalog {
         if specs > MAX_SPEC_BYTES_PER_TENANT && specs > before.1 {
             return Err(InstallError::SpecsTooLarge(specs));
         }
-        Ok(changed)
+        let named_after = blobs_named(entries.iter().chain(&changed));
+        let released = (named_before.into_iter())
+            .filter(|(sha, _)| !named_after.contains_key(sha))
+            .collect();
+        Ok(Planned {
+            entries: changed,
+            released,
+        })
     }
 
     /// Stores the entries `plan_versions` made, and serves them. The caller holds the entry
     /// lock and has stored their blob.
-    async fn commit_versions(
-        &self,
-        tenant: &str,
-        changed: Vec<ToolEntry>,
-    ) -> Result<(), InstallError> {
-        self.store.put_tool_entries(&changed).await?;
-        for entry in &changed {
+    async fn commit_versions(&self, tenant: &str, planned: Planned) -> Result<(), InstallError> {
+        self.store.put_tool_entries(&planned.entries).await?;
+        self.released.release(tenant, planned.released);
+        for entry in &planned.entries {
             self.tools.insert(tenant_tool(entry)?);
         }
         self.changed(tenant);
@@ -580,7 +685,15 @@ impl Catalog {
         if self.tools.get(tenant, name).is_none() {
             return Ok(false);
         }
+        let (gone, kept): (Vec<ToolEntry>, Vec<ToolEntry>) = (self.store)
+            .tool_entries_of(tenant)
+            .await?
+            .into_iter()
+            .partition(|entry| entry.name == name);
         self.store.remove_tool_entry(tenant, name).await?;
+        let named = blobs_named(&kept);
+        let released = blobs_named(&gone).into_iter();
+        (self.released).release(tenant, released.filter(|(sha, _)| !named.contains_key(sha)));
         let removed = self.tools.remove(tenant, name);
         self.changed(tenant);
         Ok(removed)

@@ -291,11 +291,21 @@ impl Components {
 
     /// Stores a checked component (once per sha256) and keeps it loaded, charged to `tenant`.
     pub async fn keep(&self, tenant: &str, component: NewComponent) -> Result<(), StoreError> {
-        if let Some(sealed) = &component.sealed {
-            let fingerprint = self.sandbox.fingerprint();
-            self.store
-                .put_component(&component.sha, &component.bytes, fingerprint, sealed)
-                .await?;
+        match &component.sealed {
+            Some(sealed) => {
+                let fingerprint = self.sandbox.fingerprint();
+                self.store
+                    .put_component(&component.sha, &component.bytes, fingerprint, sealed)
+                    .await?;
+            }
+            // Found stored when compiled, and collected since if no tool named it (a version
+            // let go of, installed again): put back.
+            None if !self.store.has_blob(&component.sha).await? => {
+                (self.store)
+                    .put_blob(&component.sha, &component.bytes)
+                    .await?;
+            }
+            None => {}
         }
         // Only into an empty place: replacing an entry would evict, and forget, its charge.
         if let Err(place) = self.loaded.get_value_or_guard_async(&component.sha).await {

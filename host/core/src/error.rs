@@ -75,13 +75,16 @@ pub enum InstallError {
         /// The limit, in words.
         message: String,
     },
-    /// The tenant's kept versions would hold more code than its quota.
+    /// The tenant's kept versions, and the code it let go of not yet collected, would hold
+    /// more than its quota.
     #[error(
         "the tenant's tools would hold {used} bytes of code (every kept version's component or \
-         source); its quota is {quota} (code_quota_bytes): remove tools or old versions first"
+         source, and those of versions and tools let go of in the last seconds, until they are \
+         collected); its quota is {quota} (code_quota_bytes): remove tools or old versions, or \
+         retry in a few seconds"
     )]
     CodeQuota {
-        /// Bytes the kept versions would hold with this install.
+        /// Bytes the kept versions would hold with this install, and the released ones.
         used: u64,
         /// The quota.
         quota: u64,

@@ -105,6 +105,7 @@ impl Host {
         )?;
         let components = Arc::new(components.carrying(js_runtime));
         let catalog = Arc::new(Catalog::new(catalog, components.clone()));
+        catalog.collect_released_blobs();
         let tenants = Arc::new(Tenants::new(store.clone(), config.default_policy));
         let files_dir = config
             .files_dir

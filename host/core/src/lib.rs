@@ -46,6 +46,7 @@ mod js_snapshots;
 pub mod metrics;
 mod pipeline;
 pub mod registry;
+mod released;
 mod sync;
 mod tenants;
 
