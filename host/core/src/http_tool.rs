@@ -286,16 +286,38 @@ fn check_headers(
     fail: &impl Fn(&str, String) -> SpecError,
 ) -> Result<(), SpecError> {
     for (key, value) in headers {
-        if HeaderName::from_bytes(key.as_bytes()).is_err() {
+        let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
             return Err(fail(field, format!("`{key}` is not a header name")));
+        };
+        if SET_BY_THE_HOST.contains(&name.as_str()) {
+            return Err(fail(
+                field,
+                format!("header `{key}` is set from the URL and the body, not by a definition"),
+            ));
         }
-        if value.contains(['\r', '\n', '\0']) {
-            return Err(fail(field, format!("header `{key}` has a line break")));
+        if HeaderValue::from_bytes(value.as_bytes()).is_err() {
+            return Err(fail(
+                field,
+                format!("header `{key}` has a line break or control character"),
+            ));
         }
         check(field, value)?;
     }
     Ok(())
 }
+
+/// Headers the request's URL, body and connection decide: one a definition set would be sent
+/// twice (`Host`) or cut the body short (`Content-Length`).
+const SET_BY_THE_HOST: [&str; 8] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+];
 
 fn collect_strings<'a>(value: &'a Value, out: &mut Vec<&'a str>) {
     match value {
@@ -319,6 +341,11 @@ fn split_url(url: &str) -> Result<(&str, &str), String> {
     }
     if origin.contains('@') {
         return Err("may not hold credentials; use a header with a secret".into());
+    }
+    // Checked whole here, so that a port or host that cannot be is refused at install rather
+    // than at every call (templates are not allowed in the origin).
+    if !origin.contains("{{") {
+        url::Url::parse(origin).map_err(|e| format!("is not a valid URL: {e}"))?;
     }
     Ok((origin, path))
 }
@@ -982,6 +1009,28 @@ mod tests {
             field(json!({"method": "get", "url": "https://a.com/", "max_response_bytes": 0})),
             "request.max_response_bytes"
         );
+        // Refused at install, not failed at every call.
+        for url in [
+            "http://a.com:99999/",
+            "http://a b.com/",
+            "http://:80/",
+            "http://[fe80::1%25eth0]/",
+        ] {
+            assert_eq!(field(json!({"method": "get", "url": url})), "request.url");
+        }
+        let proxy = json!({"url": "http://p:99999"});
+        let bad_proxy = json!({"method": "get", "url": "https://a.com/", "proxy": proxy});
+        assert_eq!(field(bad_proxy), "request.proxy.url");
+        for (name, value) in [
+            ("Host", "internal.example"),
+            ("Content-Length", "5"),
+            ("transfer-encoding", "chunked"),
+            ("X-Fine", "a\u{1}b"),
+        ] {
+            let headers = json!({ name: value });
+            let request = json!({"method": "get", "url": "https://a.com/", "headers": headers});
+            assert_eq!(field(request), "request.headers", "{name}");
+        }
     }
 
     fn render(request: Value, args: Value) -> Result<Rendered, ToolError> {
