@@ -416,6 +416,23 @@ async fn limits_bound_the_response_and_the_time() {
         out.result,
         Ok(json!({"status": 200, "content_type": "text/html; charset=utf-8", "body": "<p>hi</p>"}))
     );
+    // JSON of more values than are parsed comes back as text, as larger JSON does.
+    let zeros = format!("[{}0]", "0,".repeat(1_500_000));
+    server.script([Reply {
+        status: 200,
+        headers: vec![("content-type", "application/json".into())],
+        body: zeros,
+        delay: Duration::ZERO,
+    }]);
+    let url = format!("http://{addr}/zeros");
+    let request = json!({"method": "get", "url": url, "max_response_bytes": 4 << 20});
+    host.install_http("acme", def("zeros", request))
+        .await
+        .unwrap();
+    let out = call(&host, "zeros", json!({})).await;
+    let result = out.result.unwrap();
+    assert_eq!(result["status"], 200, "returned as text");
+    assert_eq!(result["content_type"], "application/json");
 }
 
 #[tokio::test]

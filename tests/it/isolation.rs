@@ -334,6 +334,15 @@ async fn a_result_too_large_to_parse_is_refused_unread() {
         message.contains(&toolhost::MAX_RESULT_BYTES.to_string()),
         "{message}"
     );
+    // Within the bytes, a text of small values parses to hundreds of MiB: refused too.
+    let many = "export const spec = { name: 'many', description: 'A test tool.', \
+                parameters: { type: 'object' }, limits: { memory_bytes: 268435456 } };\n\
+                export default function () { return new Array(1500000).fill(0); }\n";
+    host.install_js("acme", many).await.unwrap();
+    let out = host.call(&Caller::tenant("acme"), "many", json!({})).await;
+    assert_eq!(out.code(), "invalid_output", "{:?}", out.result);
+    let message = out.result.unwrap_err().to_string();
+    assert!(message.contains("1000000 JSON values"), "{message}");
 }
 
 /// Installing runs the component's code in the shared instance slots, so it passes the

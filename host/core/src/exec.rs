@@ -11,6 +11,7 @@ use serde_json::Value;
 use toolhost_sandbox::egress::EgressConfig;
 use toolhost_sandbox::{Entry, Fault, GuestToolError, Helpers, NestedCall, ReusePolicy};
 use toolhost_spec::call::{CallContext, CallError, ToolError};
+use toolhost_spec::clip::{MAX_PARSED_VALUES, json_values};
 use toolhost_spec::policy::TenantPolicy;
 use toolhost_spec::spec::Limits;
 use toolhost_store::{SourceKind, Store};
@@ -218,6 +219,14 @@ impl Executors {
                     text.len()
                 ),
             }),
+            Ok(Ok(text)) if json_values(&text) > MAX_PARSED_VALUES => {
+                Err(CallError::InvalidOutput {
+                    reason: format!(
+                        "the result holds more than {MAX_PARSED_VALUES} JSON values; results \
+                         with more are refused unread"
+                    ),
+                })
+            }
             Ok(Ok(text)) => serde_json::from_str(&text).map_err(|e| CallError::InvalidOutput {
                 reason: format!("not JSON ({e}): {}", truncate(&text, 80)),
             }),

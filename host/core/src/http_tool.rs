@@ -691,6 +691,7 @@ fn finish(result: Result<Response, AttemptError>, helpers: &Helpers) -> Result<V
     // Past what a guest's result may be, as text: parsed, a value holds many times its bytes.
     if is_json
         && text.len() <= crate::exec::MAX_RESULT_BYTES
+        && toolhost_spec::clip::json_values(&text) <= toolhost_spec::clip::MAX_PARSED_VALUES
         && let Ok(value) = serde_json::from_str(&text)
     {
         return Ok(value);

@@ -107,6 +107,28 @@ pub fn json_bytes(value: &impl serde::Serialize) -> u64 {
     serde_json::to_writer(&mut count, value).map_or(u64::MAX, |()| count.0)
 }
 
+/// JSON texts with more values than this are not parsed: an 8 MiB text of `[0,0,…]` held
+/// hundreds of MiB as values, counted by no budget.
+pub const MAX_PARSED_VALUES: usize = 1_000_000;
+
+/// At least how many values JSON `text` holds, if it is JSON: its commas, brackets and
+/// braces outside strings, plus one. A linear scan, far cheaper than parsing.
+pub fn json_values(text: &str) -> usize {
+    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
+    for byte in text.bytes() {
+        match (in_string, byte) {
+            (true, _) if escaped => escaped = false,
+            (true, b'\\') => escaped = true,
+            (true, b'"') => in_string = false,
+            (true, _) => {}
+            (false, b'"') => in_string = true,
+            (false, b',' | b'[' | b'{') => values += 1,
+            (false, _) => {}
+        }
+    }
+    values
+}
+
 /// Levels of arrays and objects a stored call's arguments or caller data may nest: the store
 /// wraps them a few levels deeper, and reads back at most 128 (serde_json's limit).
 pub const MAX_STORED_DEPTH: usize = 64;
@@ -248,5 +270,13 @@ mod tests {
             deep = json!([deep]);
         }
         assert_eq!(json_depth(&deep), 1000);
+    }
+
+    #[test]
+    fn values_are_counted_outside_strings() {
+        assert_eq!(json_values("1"), 1);
+        assert_eq!(json_values("[0,0,0]"), 4);
+        assert_eq!(json_values(r#"{"a,[{": "x\\", "b": [1]}"#), 4);
+        assert_eq!(json_values(r#""\",[,{""#), 1);
     }
 }
