@@ -569,6 +569,12 @@ impl PrivateServer {
     pub fn restart(&self) {
         postgres(&["restart", self.dir.path().to_str().unwrap()]);
     }
+
+    /// Down for `seconds`, then up again.
+    pub fn outage(&self, seconds: u32) {
+        let dir = self.dir.path().to_str().unwrap();
+        postgres(&["outage", dir, &seconds.to_string()]);
+    }
 }
 
 impl Drop for PrivateServer {
@@ -742,6 +748,46 @@ fn a_node_survives_a_database_restart() {
         "the removal reaches the node",
         || call_status(&a, &key, "nap", r#"{"ms": 1}"#).0 == 404,
     );
+    a.stop();
+}
+
+/// A database outage longer than a lease: its node could not renew the lease of the call it
+/// ran, and once the database was back its own claim took the call over and ended it
+/// `node_lost` (another node's would have too), though no node had stopped. A node now takes
+/// over no lease within a lease of its last failure to reach the database.
+#[test]
+fn a_call_running_through_a_database_outage_longer_than_a_lease_ends_with_its_outcome() {
+    let server = PrivateServer::start();
+    let db = Database {
+        url: server.url.clone(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key = db.tenant(dir.path(), "acme", "{}", "admin");
+    let a = node(&db, dir.path(), "a");
+    let component = std::fs::read(plugin_file("probe")).unwrap();
+    let (status, body) = http(a.addr, "POST", "/v1/tools", &key, &component);
+    assert!(status == 200 || status == 201, "{status} {body}");
+    // Not idempotent: taken over, it would end `node_lost` rather than run again.
+    let path = "/v1/tools/nap/call?mode=async";
+    let (status, body) = http(
+        a.addr,
+        "POST",
+        path,
+        &key,
+        br#"{"arguments": {"ms": 9000}}"#,
+    );
+    assert_eq!(status, 202, "{body}");
+    let running: serde_json::Value = serde_json::from_str(&body).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    server.outage(7);
+    let path = format!("/v1/calls/{}?wait=30", running["call_id"].as_str().unwrap());
+    let mut ended = String::new();
+    within(Duration::from_secs(60), "the call ends", || {
+        let (status, body) = http(a.addr, "GET", &path, &key, b"");
+        ended = body;
+        status == 200 && !ended.contains(r#""status":"running""#)
+    });
+    assert!(ended.contains(r#""status":"done""#), "{ended}");
     a.stop();
 }
 

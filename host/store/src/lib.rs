@@ -663,13 +663,13 @@ impl DurableState {
     }
 }
 
-/// What a claim makes of a call that is queued, or whose lease ran out by `now_ms`: the
-/// call to run (leased to `node`), or `None` when it is not ready. A stalled call without
-/// retries left is ended lost in `call` itself.
+/// What a claim at `now_ms` makes of a call that is queued, or whose lease ran out before
+/// `stalled_before_ms`: the call to run (leased to `node`), or `None` when it is not ready. A
+/// stalled call without retries left is ended lost in `call` itself.
 pub(crate) fn claim(
     call: &mut DurableCall,
     node: &str,
-    now_ms: u64,
+    (now_ms, stalled_before_ms): (u64, u64),
     lease_until_ms: u64,
 ) -> Option<DurableCall> {
     match &call.state {
@@ -677,7 +677,7 @@ pub(crate) fn claim(
         DurableState::Running {
             node: running_on,
             lease_until_ms: lease,
-        } if *lease < now_ms => {
+        } if *lease < stalled_before_ms => {
             if call.retries_left == 0 {
                 let lost = running_on.clone();
                 call.state = DurableState::Lost {

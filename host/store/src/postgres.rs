@@ -119,9 +119,101 @@ pub struct PgStore {
     /// Durable calls this node could not read (another version's, or too deep to read back):
     /// left queued, as redb leaves them, and passed over so that none heads every claim.
     unreadable_durable: std::sync::Mutex<Vec<String>>,
+    /// When this node last failed to reach the database for a lease ([`PgStore::may_take_over`]).
+    cut_off_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl PgStore {
+    /// `result`, noting when it says the database could not be reached.
+    fn noting_cut_off<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(StoreError::Backend(_)) = &result {
+            *self.cut_off_at.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(std::time::Instant::now());
+        }
+        result
+    }
+
+    /// Whether this node may take over stalled leases: not within a lease of its last failure
+    /// to reach the database. Then its owner likely could not reach it either (an outage),
+    /// and renews within a third of a lease once it is back; taken over before, the call
+    /// ended `node_lost` (or ran twice) although no node had stopped.
+    fn may_take_over(&self, lease_ms: u64) -> bool {
+        let cut_off_at = *self.cut_off_at.lock().unwrap_or_else(|p| p.into_inner());
+        let lease = std::time::Duration::from_millis(lease_ms);
+        cut_off_at.is_none_or(|at| at.elapsed() >= lease)
+    }
+
+    /// Claims a queued call, or if `take_over` one whose lease ended, leasing it for `lease`
+    /// ms (in the database's time).
+    async fn claim_leasing(
+        &self,
+        node: &str,
+        lease: u64,
+        take_over: bool,
+    ) -> Result<Option<DurableCall>> {
+        // Each round ends at most one stalled call lost; a few rounds, then the next poll.
+        for _ in 0..16 {
+            let mut tx = self.begin_control().await?;
+            let now_ms = database_now(&mut tx).await?;
+            let lease_until_ms = now_ms.saturating_add(lease);
+            let stalled_before_ms = if take_over { now_ms } else { 0 };
+            let unreadable = self.lock_unreadable().clone();
+            let row: Option<(String, String)> = sqlx::query_as(
+                // The tenant running the fewest calls first, then the oldest call: one tenant's
+                // flood of slow calls never holds every worker while another's wait.
+                "SELECT id, call FROM durable_calls d \
+                 WHERE (status = 'queued' OR (status = 'running' AND lease_until_ms < $3)) \
+                 AND NOT (id = ANY($2)) \
+                 ORDER BY (SELECT count(*) FROM durable_calls r WHERE r.tenant = d.tenant \
+                 AND r.status = 'running' AND r.lease_until_ms >= $1), created_at_ms \
+                 LIMIT 1 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(to_i64(now_ms))
+            .bind(&unreadable)
+            .bind(to_i64(stalled_before_ms))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(backend)?;
+            let Some((id, json)) = row else {
+                return Ok(None);
+            };
+            let mut call: DurableCall = match parse("durable call", &id, &json) {
+                Ok(call) => call,
+                Err(_) => {
+                    let mut unreadable = self.lock_unreadable();
+                    // Its tenant's unended calls are capped, so these are few; past a bound,
+                    // forgotten (a claim reads them once more).
+                    if unreadable.len() >= MAX_UNREADABLE_DURABLE {
+                        unreadable.clear();
+                    }
+                    unreadable.push(id);
+                    continue;
+                }
+            };
+            let claimed =
+                crate::claim(&mut call, node, (now_ms, stalled_before_ms), lease_until_ms);
+            write_durable(&mut tx, &call, false).await?;
+            if call.ended() {
+                self.ended(&mut tx, &call.caller.tenant).await?;
+            }
+            tx.commit().await.map_err(backend)?;
+            if claimed.is_some() {
+                return Ok(claimed);
+            }
+        }
+        Ok(None)
+    }
+
+    async fn renew(&self, id: &str, node: &str, lease_until_ms: u64) -> Result<bool> {
+        let lease = lease_until_ms.saturating_sub(now_ms());
+        let now = database_now(&mut self.begin_control().await?).await?;
+        let next = DurableState::Running {
+            node: node.to_owned(),
+            lease_until_ms: now + lease,
+        };
+        self.durable_own(id, node, next).await
+    }
+
     fn lock_unreadable(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
         (self.unreadable_durable.lock()).unwrap_or_else(|p| p.into_inner())
     }
@@ -168,6 +260,7 @@ impl PgStore {
             changes,
             _stop_listening: stop_listening,
             unreadable_durable: std::sync::Mutex::default(),
+            cut_off_at: std::sync::Mutex::default(),
         })
     }
 
@@ -1135,64 +1228,14 @@ impl Store for PgStore {
     ) -> Result<Option<DurableCall>> {
         // Leases are read and written in the database's time, so nodes' clocks may differ.
         let lease = lease_until_ms.saturating_sub(now_ms);
-        // Each round ends at most one stalled call lost; a few rounds, then the next poll.
-        for _ in 0..16 {
-            let mut tx = self.begin_control().await?;
-            let now_ms = database_now(&mut tx).await?;
-            let lease_until_ms = now_ms.saturating_add(lease);
-            let unreadable = self.lock_unreadable().clone();
-            let row: Option<(String, String)> = sqlx::query_as(
-                // The tenant running the fewest calls first, then the oldest call: one tenant's
-                // flood of slow calls never holds every worker while another's wait.
-                "SELECT id, call FROM durable_calls d \
-                 WHERE (status = 'queued' OR (status = 'running' AND lease_until_ms < $1)) \
-                 AND NOT (id = ANY($2)) \
-                 ORDER BY (SELECT count(*) FROM durable_calls r WHERE r.tenant = d.tenant \
-                 AND r.status = 'running' AND r.lease_until_ms >= $1), created_at_ms \
-                 LIMIT 1 FOR UPDATE SKIP LOCKED",
-            )
-            .bind(to_i64(now_ms))
-            .bind(&unreadable)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(backend)?;
-            let Some((id, json)) = row else {
-                return Ok(None);
-            };
-            let mut call: DurableCall = match parse("durable call", &id, &json) {
-                Ok(call) => call,
-                Err(_) => {
-                    let mut unreadable = self.lock_unreadable();
-                    // Its tenant's unended calls are capped, so these are few; past a bound,
-                    // forgotten (a claim reads them once more).
-                    if unreadable.len() >= MAX_UNREADABLE_DURABLE {
-                        unreadable.clear();
-                    }
-                    unreadable.push(id);
-                    continue;
-                }
-            };
-            let claimed = crate::claim(&mut call, node, now_ms, lease_until_ms);
-            write_durable(&mut tx, &call, false).await?;
-            if call.ended() {
-                self.ended(&mut tx, &call.caller.tenant).await?;
-            }
-            tx.commit().await.map_err(backend)?;
-            if claimed.is_some() {
-                return Ok(claimed);
-            }
-        }
-        Ok(None)
+        let take_over = self.may_take_over(lease);
+        let claimed = self.claim_leasing(node, lease, take_over).await;
+        self.noting_cut_off(claimed)
     }
 
     async fn durable_renew(&self, id: &str, node: &str, lease_until_ms: u64) -> Result<bool> {
-        let lease = lease_until_ms.saturating_sub(now_ms());
-        let now = database_now(&mut self.begin_control().await?).await?;
-        let next = DurableState::Running {
-            node: node.to_owned(),
-            lease_until_ms: now + lease,
-        };
-        self.durable_own(id, node, next).await
+        let renewed = self.renew(id, node, lease_until_ms).await;
+        self.noting_cut_off(renewed)
     }
 
     async fn durable_finish(&self, id: &str, node: &str, outcome: &Value) -> Result<bool> {

@@ -873,7 +873,7 @@ impl RedbFile {
                     continue;
                 };
                 let before = call.state.clone();
-                let claimed = crate::claim(&mut call, node, now_ms, lease_until);
+                let claimed = crate::claim(&mut call, node, (now_ms, now_ms), lease_until);
                 if call.state != before {
                     store_durable(tx, &mut calls, &call)?;
                 }
