@@ -686,28 +686,55 @@ fn a_node_listens_again_after_its_listening_connection_is_reset() {
     );
 }
 
-#[test]
-fn a_node_survives_a_database_restart() {
+/// One node on a PostgreSQL of the test's own, with `probe` installed for acme, running a
+/// durable call of `nap` for `ms` (not idempotent: taken over, it would end `node_lost`).
+struct Napping {
+    server: PrivateServer,
+    db: Database,
+    dir: tempfile::TempDir,
+    key: String,
+    node: Server,
+    /// Where the call's status is read, waiting up to 30 s.
+    status: String,
+}
+
+fn napping_on_a_private_server(ms: u32) -> Napping {
     let server = PrivateServer::start();
     let db = Database {
         url: server.url.clone(),
     };
     let dir = tempfile::tempdir().unwrap();
     let key = db.tenant(dir.path(), "acme", "{}", "admin");
-    let a = node(&db, dir.path(), "a");
+    let node = node(&db, dir.path(), "a");
     let component = std::fs::read(plugin_file("probe")).unwrap();
-    let (status, body) = http(a.addr, "POST", "/v1/tools", &key, &component);
+    let (status, body) = http(node.addr, "POST", "/v1/tools", &key, &component);
     assert!(status == 200 || status == 201, "{status} {body}");
     let path = "/v1/tools/nap/call?mode=async";
-    let (status, body) = http(
-        a.addr,
-        "POST",
-        path,
-        &key,
-        br#"{"arguments": {"ms": 2000}}"#,
-    );
+    let args = format!(r#"{{"arguments": {{"ms": {ms}}}}}"#);
+    let (status, body) = http(node.addr, "POST", path, &key, args.as_bytes());
     assert_eq!(status, 202, "{body}");
     let running: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let status = format!("/v1/calls/{}?wait=30", running["call_id"].as_str().unwrap());
+    Napping {
+        server,
+        db,
+        dir,
+        key,
+        node,
+        status,
+    }
+}
+
+#[test]
+fn a_node_survives_a_database_restart() {
+    let Napping {
+        server,
+        db,
+        dir,
+        key,
+        node: a,
+        status: path,
+    } = napping_on_a_private_server(2000);
     // A change that sends no notice (an operator's SQL) is not seen until a re-sync.
     db.sql("DELETE FROM tools WHERE tenant = 'acme' AND name = 'busy'");
     assert_eq!(call_status(&a, &key, "busy", r#"{"ms": 1}"#).0, 200);
@@ -727,7 +754,6 @@ fn a_node_survives_a_database_restart() {
         body.contains(r#""ok":true"#)
     });
     // The call that was running when the database went away ends, with its outcome.
-    let path = format!("/v1/calls/{}?wait=30", running["call_id"].as_str().unwrap());
     let (status, body) = http(a.addr, "GET", &path, &key, b"");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(r#""status":"done""#), "{body}");
@@ -757,30 +783,17 @@ fn a_node_survives_a_database_restart() {
 /// over no lease within a lease of its last failure to reach the database.
 #[test]
 fn a_call_running_through_a_database_outage_longer_than_a_lease_ends_with_its_outcome() {
-    let server = PrivateServer::start();
-    let db = Database {
-        url: server.url.clone(),
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let key = db.tenant(dir.path(), "acme", "{}", "admin");
-    let a = node(&db, dir.path(), "a");
-    let component = std::fs::read(plugin_file("probe")).unwrap();
-    let (status, body) = http(a.addr, "POST", "/v1/tools", &key, &component);
-    assert!(status == 200 || status == 201, "{status} {body}");
-    // Not idempotent: taken over, it would end `node_lost` rather than run again.
-    let path = "/v1/tools/nap/call?mode=async";
-    let (status, body) = http(
-        a.addr,
-        "POST",
-        path,
-        &key,
-        br#"{"arguments": {"ms": 9000}}"#,
-    );
-    assert_eq!(status, 202, "{body}");
-    let running: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // Each bound: the database and the data directory live as long as the node.
+    let Napping {
+        server,
+        db: _db,
+        dir: _dir,
+        key,
+        node: a,
+        status: path,
+    } = napping_on_a_private_server(9000);
     std::thread::sleep(Duration::from_millis(1000));
     server.outage(7);
-    let path = format!("/v1/calls/{}?wait=30", running["call_id"].as_str().unwrap());
     let mut ended = String::new();
     within(Duration::from_secs(60), "the call ends", || {
         let (status, body) = http(a.addr, "GET", &path, &key, b"");
