@@ -72,6 +72,14 @@ async fn a_runtime_collected_from_the_store_is_put_back_when_needed() {
     host.install_js("acme", &example()).await.unwrap();
     assert_counts_the_cat_and_the_hat(&host, "js_word_count").await;
     assert!(host.store().blob(&runtime).await.unwrap().is_some());
+    // Loaded, it is not read from the store again: an install puts it back all the same, for
+    // the other nodes that will run the tool it names.
+    let all_but_the_runtime = |sha: &str| sha != runtime;
+    let collected = host.store().collect_blobs(0, &all_but_the_runtime).await;
+    assert_eq!(collected.unwrap(), 1);
+    let another = tool("another", json!({}), "return 1;");
+    host.install_js("acme", &another).await.unwrap();
+    assert!(host.store().blob(&runtime).await.unwrap().is_some());
 }
 
 /// A tool's `output_schema` holds for every answer: MCP lists it as `outputSchema`, and an

@@ -440,9 +440,18 @@ impl Catalog {
         let _cluster = self.store.lock_entries(tenant).await?;
         let specs = std::slice::from_ref(&spec);
         let planned = self
-            .plan_versions(tenant, kind, specs, (&sha, blob.len() as u64), code_quota)
+            .plan_versions(
+                tenant,
+                kind.clone(),
+                specs,
+                (&sha, blob.len() as u64),
+                code_quota,
+            )
             .await?;
         let _installing = self.released.installing().await;
+        if let (SourceKind::Js, Some(runtime)) = &kind {
+            self.components.keep_carried(runtime).await?;
+        }
         self.store.put_blob(&sha, blob).await?;
         self.commit_versions(tenant, planned).await?;
         Ok(spec)

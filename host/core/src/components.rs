@@ -409,6 +409,19 @@ impl Components {
         unsafe { self.sandbox.load(&artifact) }.map_err(|e| e.to_string())
     }
 
+    /// Puts the carried blob back in the store if it is `sha` and missing: a JS tool installed
+    /// on this host's runtime names it, and another node (on another runtime, in a rolling
+    /// upgrade) may have collected it while no tool did.
+    pub async fn keep_carried(&self, sha: &str) -> Result<(), StoreError> {
+        let carried = self.carried.as_ref().filter(|(carried, _)| carried == sha);
+        if let Some((_, blob)) = carried
+            && !self.store.has_blob(sha).await?
+        {
+            self.store.put_blob(sha, blob).await?;
+        }
+        Ok(())
+    }
+
     /// The carried blob `sha`, put back in the store; any other missing blob is an error.
     async fn put_back(&self, sha: &str) -> Result<Vec<u8>, String> {
         let Some((_, blob)) = self.carried.as_ref().filter(|(carried, _)| carried == sha) else {
