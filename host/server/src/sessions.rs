@@ -53,6 +53,9 @@ pub(crate) enum Refused {
 struct Session {
     tenant: Arc<str>,
     last_seen: Instant,
+    /// When this node opened or took up the session (Unix ms), at or after it kept it in a
+    /// shared store: another node that takes it up later keeps it again, after this.
+    kept_at_ms: u64,
 }
 
 #[derive(Default)]
@@ -126,7 +129,7 @@ impl Sessions {
     /// Closes the sessions with no request for the idle time. A session with a call answered
     /// in place still running is in use: it counts as seen now.
     async fn close_idle(&self) {
-        let idle: Vec<(SessionId, Arc<str>)> = {
+        let idle: Vec<(SessionId, Arc<str>, u64)> = {
             let mut open = self.lock();
             let now = Instant::now();
             let mut idle = Vec::new();
@@ -137,19 +140,22 @@ impl Sessions {
                 if self.manager(&session.tenant).busy(id) {
                     session.last_seen = now;
                 } else {
-                    idle.push((id.clone(), session.tenant.clone()));
+                    idle.push((id.clone(), session.tenant.clone(), session.kept_at_ms));
                 }
             }
-            for (id, _) in &idle {
+            for (id, _, _) in &idle {
                 open.sessions.remove(id);
             }
             idle
         };
-        for (id, tenant) in idle {
+        for (id, tenant, kept_at_ms) in idle {
             // Already gone (ended by the client or by rmcp) is fine.
             let _ = self.manager(&tenant).close_session(&id).await;
-            if let Some(store) = &self.shared
-                && let Err(error) = store.remove_mcp_session(&id).await
+            // Idle here only, if another node took it up since: kept for that node.
+            let forgotten = (self.shared.as_ref())
+                .map(|store| store.remove_mcp_session_untouched_since(&id, kept_at_ms));
+            if let Some(forgotten) = forgotten
+                && let Err(error) = forgotten.await
             {
                 tracing::warn!(%error, "an idle MCP session not forgotten by the store");
             }
@@ -235,6 +241,7 @@ impl Opening {
         let session = Session {
             tenant: self.tenant.clone(),
             last_seen: Instant::now(),
+            kept_at_ms: toolhost::store::now_ms(),
         };
         self.sessions.lock().sessions.insert(id.into(), session);
     }

@@ -550,6 +550,12 @@ pub trait Store: Send + Sync {
         let _ = id;
         Ok(())
     }
+    /// Forgets an MCP session unless it was kept again after `touched_at_ms` (another node
+    /// took it up and serves it: the session is idle only here).
+    async fn remove_mcp_session_untouched_since(&self, id: &str, touched_at_ms: u64) -> Result<()> {
+        let _ = (id, touched_at_ms);
+        Ok(())
+    }
 
     /// Records that `node` is alive now, in the store's own time (nodes' clocks may differ);
     /// how many nodes are (heard from within [`NODE_TTL_MS`]), this one included. A store only

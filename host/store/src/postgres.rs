@@ -1315,6 +1315,16 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn remove_mcp_session_untouched_since(&self, id: &str, touched_at_ms: u64) -> Result<()> {
+        sqlx::query("DELETE FROM mcp_sessions WHERE id = $1 AND touched_at_ms <= $2")
+            .bind(id)
+            .bind(to_i64(touched_at_ms))
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
     async fn heartbeat(&self, node: &str) -> Result<u32> {
         let mut tx = self.begin_control().await?;
         // In the database's time, as leases are: a node whose clock is ahead would count no

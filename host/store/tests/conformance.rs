@@ -86,6 +86,7 @@ conformance!(
     a_tenant_keeps_at_most_its_bytes_of_ended_durable_calls,
     a_tenant_running_fewer_durable_calls_is_served_first,
     an_unreadable_durable_call_holds_up_no_other,
+    an_mcp_session_taken_up_since_is_not_forgotten_as_idle,
 );
 
 fn key() -> SecretsKey {
@@ -624,6 +625,29 @@ fn durable(id: &str, retries_left: u32, created_at_ms: u64) -> DurableCall {
         created_at_ms,
         state: DurableState::Queued,
     }
+}
+
+/// Node a opened a session at 10, node b took it up at 20: a's idle close (it kept it at 10)
+/// leaves it for b; b's removes it. (redb is one node: it keeps no sessions.)
+async fn an_mcp_session_taken_up_since_is_not_forgotten_as_idle(store: Arc<dyn Store>) {
+    let now = now_ms();
+    store.put_mcp_session("s", "acme", "{}", now).await.unwrap();
+    store
+        .put_mcp_session("s", "acme", "{}", now + 10)
+        .await
+        .unwrap();
+    store
+        .remove_mcp_session_untouched_since("s", now)
+        .await
+        .unwrap();
+    let kept = store.mcp_session("s").await.unwrap();
+    let shared = store.changes().is_some();
+    assert_eq!(kept.is_some(), shared, "kept for the node that took it up");
+    store
+        .remove_mcp_session_untouched_since("s", now + 10)
+        .await
+        .unwrap();
+    assert_eq!(store.mcp_session("s").await.unwrap(), None);
 }
 
 /// A record too deep to read back (written, since writing has no depth limit) is passed
