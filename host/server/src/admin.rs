@@ -266,6 +266,28 @@ impl AdminCommand {
     }
 }
 
+/// `file`'s bytes, if it is a regular file of at most `limit` bytes: a FIFO or a device says
+/// it holds nothing and gives without end, and a file may grow after it was measured.
+async fn read_within(file: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let opened = tokio::fs::File::open(file).await?;
+    let meta = opened.metadata().await?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let too_large =
+        |size: u64| std::io::Error::other(format!("{size} bytes, over the {limit} a tool may be"));
+    if meta.len() > limit {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    opened.take(limit + 1).read_to_end(&mut bytes).await?;
+    match bytes.len() as u64 {
+        read if read > limit => Err(too_large(read)),
+        _ => Ok(bytes),
+    }
+}
+
 /// Installs what `file` holds, by its kind: JavaScript source by its extension, an HTTP tool
 /// definition by a leading `{`, else a component.
 async fn install(host: &Host, tenant: &str, file: &Path) -> Result<Vec<ToolSpec>, AdminReply> {
@@ -273,15 +295,7 @@ async fn install(host: &Host, tenant: &str, file: &Path) -> Result<Vec<ToolSpec>
     // Read off the async workers (under `toolhost mcp` there is one), and no more than any
     // component may be.
     let limit = host.max_component_bytes() as u64;
-    let size = (tokio::fs::metadata(file).await)
-        .map_err(|e| named(&e))?
-        .len();
-    if size > limit {
-        return Err(named(&format!(
-            "{size} bytes, over the {limit} a tool may be"
-        )));
-    }
-    let bytes = tokio::fs::read(file).await.map_err(|e| named(&e))?;
+    let bytes = read_within(file, limit).await.map_err(|e| named(&e))?;
     let refused = |error: InstallError| match error {
         InstallError::Store(_) | InstallError::Admission { .. } => {
             AdminReply::Unavailable(error.to_string())
@@ -394,6 +408,27 @@ mod tests {
         let refused = super::install(&host, "acme", &file).await.err().unwrap();
         let message = format!("{refused:?}");
         assert!(message.contains("1025 bytes, over the 1024"), "{message}");
+        // A FIFO says it holds nothing: refused, not read for as long as a writer gives.
+        let fifo = dir.path().join("pipe.wasm");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        // A writer that gives without end, as `/dev/zero` would.
+        let writer = std::thread::spawn({
+            let fifo = fifo.clone();
+            move || {
+                use std::io::Write;
+                let mut pipe = std::fs::OpenOptions::new().write(true).open(fifo)?;
+                loop {
+                    pipe.write_all(&[0u8; 4096])?;
+                }
+            }
+        });
+        let refused = super::install(&host, "acme", &fifo).await.err().unwrap();
+        let message = format!("{refused:?}");
+        assert!(message.contains("not a regular file"), "{message}");
+        // Its reader gone, the writer's next write fails.
+        let ended: std::io::Result<()> = writer.join().unwrap();
+        assert!(ended.is_err());
     }
 
     #[test]
