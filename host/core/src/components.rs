@@ -414,8 +414,10 @@ impl Components {
     /// upgrade) may have collected it while no tool did.
     pub async fn keep_carried(&self, sha: &str) -> Result<(), StoreError> {
         let carried = self.carried.as_ref().filter(|(carried, _)| carried == sha);
+        // Touched even when there: on a shared store, an old blob no tool names may be
+        // collected by another node before this install's entry names it.
         if let Some((_, blob)) = carried
-            && !self.store.has_blob(sha).await?
+            && !self.store.touch_blob(sha).await?
         {
             self.store.put_blob(sha, blob).await?;
         }

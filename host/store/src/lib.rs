@@ -394,6 +394,12 @@ pub trait Store: Send + Sync {
     async fn has_blob(&self, sha: &str) -> Result<bool> {
         Ok(self.blob(sha).await?.is_some())
     }
+    /// Whether blob `sha` is stored; if so, it counts as stored just now, as a second
+    /// [`Store::put_blob`] would make it, without sending its bytes (another node collects
+    /// only blobs stored long enough ago that no install can be about to name them).
+    async fn touch_blob(&self, sha: &str) -> Result<bool> {
+        self.has_blob(sha).await
+    }
     /// Stores `bytes` under `sha`, their sha256 (hex).
     async fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()>;
     /// Stores a component and its compiled artifact before any entry points at them.

@@ -724,6 +724,16 @@ impl Store for PgStore {
             .map_err(backend)
     }
 
+    async fn touch_blob(&self, sha: &str) -> Result<bool> {
+        let touched = sqlx::query("UPDATE blobs SET created_at_ms = $2 WHERE sha = $1")
+            .bind(sha)
+            .bind(to_i64(now_ms()))
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(touched.rows_affected() > 0)
+    }
+
     async fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
         // Content-addressed: the same sha is the same bytes, so a second write is a no-op.
         sqlx::query(

@@ -798,6 +798,13 @@ impl RedbFile {
         self.get(BLOBS, sha.as_bytes())
     }
 
+    /// By its listing: a runtime's 12 MB are not read to say it is there.
+    fn has_blob(&self, sha: &str) -> Result<bool> {
+        self.read(BLOB_SHAS, |t| {
+            Ok(t.get(sha.as_bytes()).map_err(backend)?.is_some())
+        })
+    }
+
     fn put_blob(&self, sha: &str, bytes: &[u8]) -> Result<()> {
         self.write(Commit::Durable, |tx| insert_blob(tx, sha, bytes))
     }
@@ -1345,6 +1352,11 @@ impl Store for RedbStore {
         let (tenant, name) = (tenant.to_owned(), name.to_owned());
         self.blocking(move |file| file.remove_tool_entry(&tenant, &name))
             .await
+    }
+
+    async fn has_blob(&self, sha: &str) -> Result<bool> {
+        let sha = sha.to_owned();
+        self.blocking(move |file| file.has_blob(&sha)).await
     }
 
     async fn blob(&self, sha: &str) -> Result<Option<Vec<u8>>> {

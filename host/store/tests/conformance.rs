@@ -87,6 +87,7 @@ conformance!(
     a_tenant_running_fewer_durable_calls_is_served_first,
     an_unreadable_durable_call_holds_up_no_other,
     an_mcp_session_taken_up_since_is_not_forgotten_as_idle,
+    a_blob_is_touched_only_if_stored,
 );
 
 fn key() -> SecretsKey {
@@ -625,6 +626,14 @@ fn durable(id: &str, retries_left: u32, created_at_ms: u64) -> DurableCall {
         created_at_ms,
         state: DurableState::Queued,
     }
+}
+
+async fn a_blob_is_touched_only_if_stored(store: Arc<dyn Store>) {
+    assert!(!store.touch_blob("absent").await.unwrap());
+    assert!(!store.has_blob("absent").await.unwrap());
+    store.put_blob("present", b"bytes").await.unwrap();
+    assert!(store.touch_blob("present").await.unwrap());
+    assert!(store.has_blob("present").await.unwrap());
 }
 
 /// Node a opened a session at 10, node b took it up at 20: a's idle close (it kept it at 10)
