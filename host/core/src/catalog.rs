@@ -280,49 +280,48 @@ impl Catalog {
         let catalog = Arc::downgrade(self);
         let soon = self.released.waiter();
         tokio::spawn(async move {
-            let mut again = None;
             loop {
-                match again {
-                    Some(after) => {
-                        let _ = tokio::time::timeout(after, soon.notified()).await;
-                    }
-                    None => soon.notified().await,
+                // Woken by a release, or now and then to collect what was too young before
+                // and to end once the catalog is gone.
+                let woken =
+                    tokio::time::timeout(crate::released::COLLECT_AGAIN_AFTER, soon.notified());
+                if woken.await.is_ok() {
+                    tokio::time::sleep(crate::released::COLLECT_AFTER).await;
                 }
-                tokio::time::sleep(crate::released::COLLECT_AFTER).await;
                 let Some(catalog) = catalog.upgrade() else {
                     return;
                 };
-                again = match catalog.collect_released().await {
-                    Ok(true) => None,
-                    Ok(false) => Some(crate::released::COLLECT_AGAIN_AFTER),
-                    Err(error) => {
-                        tracing::warn!(%error, "released blobs not collected; trying again later");
-                        Some(crate::released::COLLECT_AGAIN_AFTER)
-                    }
-                };
+                if let Err(error) = catalog.collect_released().await {
+                    tracing::warn!(%error, "released blobs not collected; trying again later");
+                }
             }
         });
     }
 
-    /// Removes the blobs no tool names (as at open), then settles each released one that is
-    /// gone or named again; whether none is left.
-    async fn collect_released(&self) -> Result<bool, StoreError> {
-        let records = {
+    /// Removes the blobs no tool names (as at open), then settles each blob released before
+    /// it that is gone or named again.
+    async fn collect_released(&self) -> Result<(), StoreError> {
+        let (released, records) = {
             let _alone = self.released.collecting().await;
+            // Those released later may be named in the entries read here, and not collected.
+            let released = self.released.all();
+            if released.is_empty() {
+                return Ok(());
+            }
             let records = self.store.tool_entries().await?;
             collect_blobs(&*self.store, &records, self.js_runtime.as_deref()).await?;
-            records
+            (released, records)
         };
         let named: HashSet<&str> = (records.entries.iter())
             .flat_map(|entry| &entry.versions)
             .map(|version| version.component.as_str())
             .collect();
-        for (tenant, sha) in self.released.all() {
+        for (tenant, sha) in released {
             if named.contains(sha.as_str()) || !self.store.has_blob(&sha).await? {
                 self.released.settled(&tenant, &sha);
             }
         }
-        Ok(self.released.all().is_empty())
+        Ok(())
     }
 
     pub fn natives(&self) -> &NativeRegistry {

@@ -169,8 +169,20 @@ impl JsSnapshots {
         let capacity = if per_tenant == 0 { 0 } else { capacity };
         let floor = MAX_SNAPSHOT_BYTES / capacity.max(1) as u64;
         let weight = SnapshotWeight { floor };
-        let ready =
-            quick_cache::sync::Cache::with_weighter(capacity.max(1), MAX_SNAPSHOT_BYTES, weight);
+        // One shard: the cache splits its weight among its shards, and silently refuses an
+        // entry heavier than a shard's share, which would then be rebuilt at every call.
+        let options = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(capacity.max(1))
+            .weight_capacity(MAX_SNAPSHOT_BYTES)
+            .shards(1)
+            .build()
+            .expect("valid cache options");
+        let ready = quick_cache::sync::Cache::with_options(
+            options,
+            weight,
+            Default::default(),
+            Default::default(),
+        );
         JsSnapshots {
             store,
             shared: Arc::new(Shared {

@@ -21,7 +21,7 @@ pub(crate) const COLLECT_AFTER: Duration = Duration::from_secs(5);
 /// How often an install past its quota may collect at once.
 const COLLECT_AT_ONCE_EVERY: Duration = Duration::from_secs(1);
 
-/// How long until a collection that left blobs uncollected (too young) is tried again.
+/// How often a collection runs without a release: blobs too young before may be collected.
 pub(crate) const COLLECT_AGAIN_AFTER: Duration = Duration::from_secs(300);
 
 #[derive(Default)]
@@ -107,8 +107,7 @@ impl Released {
         true
     }
 
-    /// Waits for the next collection's turn: a release, or after a collection that left
-    /// blobs, [`COLLECT_AGAIN_AFTER`].
+    /// Woken by each release.
     pub fn waiter(&self) -> Arc<Notify> {
         self.soon.clone()
     }

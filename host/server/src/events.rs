@@ -38,32 +38,21 @@ pub struct RecentEvents {
 struct Events {
     bytes: usize,
     tenants: HashMap<Arc<str>, TenantEvents>,
+    /// Each tenant's next event's sequence: its own, from a random start, so that the gaps
+    /// between its ids tell it nothing of other tenants' events; kept when the tenant's
+    /// events all go, so that an id sent before never names a later event.
+    next: HashMap<Arc<str>, u64>,
 }
 
 /// One tenant's events by stream. An event id is `stream/sequence`: the stream ids rmcp
 /// makes are random UUIDs (a request's) or the session's id (its common stream), so an id is
 /// known only to the client it was sent to, and it is looked up among its tenant's only.
+#[derive(Default)]
 struct TenantEvents {
-    /// The next event's sequence: the tenant's own, from a random start, so that the gaps
-    /// between its ids tell it nothing of other tenants' events.
-    next: u64,
     bytes: usize,
     by_stream: HashMap<String, Stream>,
     /// Every kept event, oldest first: (stream, sequence, bytes).
     order: VecDeque<(String, u64, usize)>,
-}
-
-impl TenantEvents {
-    fn new() -> Self {
-        use std::hash::BuildHasher;
-        let start = std::hash::RandomState::new().hash_one(0u8) >> 32;
-        TenantEvents {
-            next: start,
-            bytes: 0,
-            by_stream: HashMap::new(),
-            order: VecDeque::new(),
-        }
-    }
 }
 
 #[derive(Default)]
@@ -151,8 +140,12 @@ impl Events {
         if let Some(kept) = events.by_stream.get_mut(&stream) {
             kept.kept.pop_front();
             kept.dropped_through = Some(dropped);
-            if kept.kept.is_empty() {
-                events.by_stream.remove(&stream);
+            if kept.kept.is_empty()
+                && let Some(gone) = events.by_stream.remove(&stream)
+                && let Some(awaiting) = gone.awaiting
+            {
+                // A resume following it cannot go on: what it missed is gone.
+                awaiting.notify_waiters();
             }
         }
         if events.order.is_empty() {
@@ -201,9 +194,13 @@ impl EventStore for TenantStore {
     ) -> Result<EventId, EventStoreError> {
         let bytes = event_bytes(stream_id, event);
         let mut all = self.events.lock();
-        let events = (all.tenants.entry(self.tenant.clone())).or_insert_with(TenantEvents::new);
-        let sequence = events.next;
-        events.next += 1;
+        let next = all.next.entry(self.tenant.clone()).or_insert_with(|| {
+            use std::hash::BuildHasher;
+            std::hash::RandomState::new().hash_one(0u8) >> 32
+        });
+        let sequence = *next;
+        *next += 1;
+        let events = all.tenants.entry(self.tenant.clone()).or_default();
         let id = format!("{stream_id}/{sequence}");
         let mut kept = event.clone();
         kept.event_id = Some(id.clone());

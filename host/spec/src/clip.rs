@@ -111,20 +111,27 @@ pub fn json_bytes(value: &impl serde::Serialize) -> u64 {
 /// hundreds of MiB as values, counted by no budget.
 pub const MAX_PARSED_VALUES: usize = 1_000_000;
 
-/// At least how many values JSON `text` holds, if it is JSON: its commas, brackets and
-/// braces outside strings, plus one. A linear scan, far cheaper than parsing.
+/// How many values JSON `text` holds, if it is JSON: one, and one more for each comma and
+/// each non-empty array or object, outside strings. A linear scan, far cheaper than parsing.
 pub fn json_values(text: &str) -> usize {
     let (mut values, mut in_string, mut escaped) = (1usize, false, false);
+    // The last byte outside strings that is not white space.
+    let mut last = 0u8;
     for byte in text.bytes() {
         match (in_string, byte) {
             (true, _) if escaped => escaped = false,
             (true, b'\\') => escaped = true,
             (true, b'"') => in_string = false,
             (true, _) => {}
+            (false, b' ' | b'\t' | b'\n' | b'\r') => continue,
             (false, b'"') => in_string = true,
             (false, b',' | b'[' | b'{') => values += 1,
+            // `[]` and `{}` hold nothing: their opening counted one too many.
+            (false, b']') if last == b'[' => values -= 1,
+            (false, b'}') if last == b'{' => values -= 1,
             (false, _) => {}
         }
+        last = byte;
     }
     values
 }
@@ -278,5 +285,7 @@ mod tests {
         assert_eq!(json_values("[0,0,0]"), 4);
         assert_eq!(json_values(r#"{"a,[{": "x\\", "b": [1]}"#), 4);
         assert_eq!(json_values(r#""\",[,{""#), 1);
+        assert_eq!(json_values("[{}, { }, []]"), 4);
+        assert_eq!(json_values("[]"), 1);
     }
 }
