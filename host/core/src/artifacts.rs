@@ -23,9 +23,15 @@ pub(crate) struct Seal {
 }
 
 impl Seal {
-    /// The key in `dir/artifacts.key` (owner-only), made on first use.
+    /// The key in `dir/artifacts.key` (owner-only), made on first use. Whoever could write
+    /// `dir` or read the key could seal code for the host to run: both must be this user's,
+    /// and no one else's to write (the key: to read either).
     pub fn in_dir(dir: &Path) -> std::io::Result<Self> {
+        private(dir, 0o022)?;
         let path = dir.join(KEY_FILE);
+        if path.exists() {
+            private(&path, 0o077)?;
+        }
         if let Some(seal) = Self::read(&path) {
             return Ok(seal);
         }
@@ -87,6 +93,28 @@ impl Opened {
         self.0.drain(..TAG);
         self.0
     }
+}
+
+/// `path` is this user's, with none of the `forbidden` mode bits (group and other access).
+fn private(path: &Path, forbidden: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path)?;
+    let refuse = |why: &str| {
+        Err(std::io::Error::other(format!(
+            "{} {why}: whoever can write it could have the host run their code",
+            path.display()
+        )))
+    };
+    if meta.uid() != rustix::process::geteuid().as_raw() {
+        return refuse("is not this user's");
+    }
+    if meta.mode() & forbidden != 0 {
+        return refuse(&format!(
+            "is open to others (mode {:o})",
+            meta.mode() & 0o777
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) struct ArtifactDir {
@@ -174,5 +202,36 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let key = std::fs::metadata(dir.path().join("artifacts").join(KEY_FILE)).unwrap();
         assert_eq!(key.permissions().mode() & 0o777, 0o600);
+    }
+
+    /// A directory made by someone else, or open to others, is not trusted: they could have
+    /// chosen the key, or could swap in code sealed with it.
+    #[test]
+    fn a_directory_or_key_others_can_reach_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let set = |path: &Path, mode| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let artifacts = dir.path().join("artifacts");
+        ArtifactDir::open(&artifacts).unwrap();
+        let key = artifacts.join(KEY_FILE);
+        set(&artifacts, 0o777);
+        let refused = ArtifactDir::open(&artifacts).err().unwrap().to_string();
+        assert!(refused.contains("open to others"), "{refused}");
+        set(&artifacts, 0o700);
+        set(&key, 0o644);
+        assert!(
+            ArtifactDir::open(&artifacts).is_err(),
+            "a key others can read"
+        );
+        set(&key, 0o600);
+        assert!(ArtifactDir::open(&artifacts).is_ok());
+        // Another user's key (root can give it away; others cannot test this).
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(&key, Some(65534), None).unwrap();
+            let refused = ArtifactDir::open(&artifacts).err().unwrap().to_string();
+            assert!(refused.contains("not this user's"), "{refused}");
+        }
     }
 }
