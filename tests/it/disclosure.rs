@@ -506,6 +506,7 @@ async fn the_bridges_enforce_their_own_input_schemas() {
             "/limit",
         ),
         (TOOL_SEARCH, json!({}), "/query"),
+        (TOOL_SEARCH, json!({"query": "q".repeat(1001)}), "/query"),
         (TOOL_DESCRIBE, json!({"name": ["text_stats"]}), "/name"),
         (
             TOOL_CALL,

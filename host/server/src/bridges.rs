@@ -106,6 +106,10 @@ impl TenantIndex {
     }
 }
 
+/// The longest query `tool_search` takes: a query is encoded whole, on the caller's time but
+/// not in a sandbox (a megabyte took 40–160 ms).
+pub const MAX_QUERY_CHARS: usize = 1000;
+
 /// Tools in the search indexes kept for all tenants together (a few KiB each: its spec, its
 /// postings and its vector). A tenant whose index gave way builds it again at its next search.
 const INDEXED_TOOLS: u64 = 50_000;
@@ -441,7 +445,8 @@ fn bridges(config: &DisclosureConfig) -> Vec<ToolSpec> {
             TOOL_SEARCH,
             "Searches the available tools by what they do. Returns the best matches with their descriptions; the top ones include their input schema.",
             json!({"type": "object", "required": ["query"], "properties": {
-                "query": {"type": "string", "description": "What the tool should do, in a few words."},
+                "query": {"type": "string", "maxLength": MAX_QUERY_CHARS,
+                    "description": "What the tool should do, in a few words."},
                 "limit": {"type": "integer", "minimum": 1, "maximum": max, "description": "How many tools to return."}
             }}),
         ),

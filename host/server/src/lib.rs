@@ -19,6 +19,7 @@ mod per_tenant;
 pub mod responses;
 pub mod server;
 pub mod sessions;
+pub mod stdio;
 #[cfg(test)]
 mod testing;
 

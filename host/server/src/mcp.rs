@@ -248,7 +248,7 @@ pub async fn serve_stdio(
 ) -> Result<(), String> {
     use rmcp::ServiceExt;
     let running = McpServer::stdio(host, disclosure, tenant)
-        .serve(stdio())
+        .serve(crate::stdio::transport())
         .await
         .map_err(|e| e.to_string())?;
     running
@@ -256,27 +256,6 @@ pub async fn serve_stdio(
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-type Reader = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
-type Writer = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
-
-/// stdin and stdout as non-blocking pipes where they are pipes (as an MCP client that spawns
-/// its server connects them), so each read and write waits in epoll rather than being handed
-/// to a thread of tokio's blocking pool and back; tokio's `stdin`/`stdout` otherwise.
-fn stdio() -> (Reader, Writer) {
-    use std::os::fd::AsFd;
-    use tokio::net::unix::pipe;
-    let own = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().ok();
-    let reader: Reader = match own(std::io::stdin().as_fd()).map(pipe::Receiver::from_owned_fd) {
-        Some(Ok(pipe)) => Box::pin(pipe),
-        _ => Box::pin(tokio::io::stdin()),
-    };
-    let writer: Writer = match own(std::io::stdout().as_fd()).map(pipe::Sender::from_owned_fd) {
-        Some(Ok(pipe)) => Box::pin(pipe),
-        _ => Box::pin(tokio::io::stdout()),
-    };
-    (reader, writer)
 }
 
 impl ServerHandler for McpServer {
