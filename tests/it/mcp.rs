@@ -574,6 +574,14 @@ async fn mcp_raw(url: &str, key: &str, head: &[(&str, &str)], body: &str, until:
     }
 }
 
+/// The id of the first event in `stream`: where a resume starts from.
+fn first_event_id(stream: &str) -> String {
+    let id = stream.lines().find_map(|l| l.strip_prefix("id: "));
+    id.unwrap_or_else(|| panic!("no event id: {stream}"))
+        .trim()
+        .to_owned()
+}
+
 /// A 2026-07-28 request (no session) whose answer is one message gets it as plain JSON, the
 /// cheaper of the two answers the protocol allows; a 2025 session still gets an event stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -662,12 +670,7 @@ async fn a_result_that_finished_while_the_client_was_away_is_replayed() {
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
         "params": {"name": "busy", "arguments": {"ms": 300}}});
     let primed = mcp_raw(&url, &key, &in_session, &call.to_string(), "retry:").await;
-    let last = primed
-        .lines()
-        .find_map(|l| l.strip_prefix("id: "))
-        .unwrap_or_else(|| panic!("no event id: {primed}"))
-        .trim()
-        .to_owned();
+    let last = first_event_id(&primed);
     assert!(
         !primed.contains("\"done\""),
         "it had not finished: {primed}"
@@ -705,12 +708,7 @@ async fn a_result_that_finished_while_the_client_was_away_is_replayed() {
     let call = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call",
         "params": {"name": "busy", "arguments": {"ms": 1000}}});
     let primed = mcp_raw(&url, &key, &in_session, &call.to_string(), "retry:").await;
-    let early = primed
-        .lines()
-        .find_map(|l| l.strip_prefix("id: "))
-        .unwrap_or_else(|| panic!("no event id: {primed}"))
-        .trim()
-        .to_owned();
+    let early = first_event_id(&primed);
     let resume = [
         ("Mcp-Session-Id", session.trim()),
         ("Last-Event-ID", &early),

@@ -540,10 +540,11 @@ const LAST_EVENT_ID: &str = "last-event-id";
 /// A `tools/call` whose params do not parse gets JSON-RPC's -32602 (invalid params), naming
 /// what is wrong. (rmcp cannot tell it from an unknown method and answers -32601.)
 pub(crate) fn invalid_params(message: &[u8]) -> Option<Response> {
-    let message: Value = serde_json::from_slice(message).ok()?;
-    if message.get("method")? != "tools/call" {
+    // Only a call's message is parsed whole here (rmcp parses every message again).
+    if method(message)?.as_ref() != "tools/call" {
         return None;
     }
+    let message: Value = serde_json::from_slice(message).ok()?;
     let params = message.get("params").cloned().unwrap_or(Value::Null);
     let error = serde_json::from_value::<rmcp::model::CallToolRequestParams>(params).err()?;
     let reply = json!({"jsonrpc": "2.0", "id": message.get("id").cloned().unwrap_or(Value::Null),
@@ -553,13 +554,17 @@ pub(crate) fn invalid_params(message: &[u8]) -> Option<Response> {
 
 /// Whether `message` is an `initialize` request, the only one that opens a session.
 fn is_initialize(message: &[u8]) -> bool {
+    method(message).is_some_and(|method| method == "initialize")
+}
+
+/// A JSON-RPC message's `method`, read without building the rest of it.
+fn method(message: &[u8]) -> Option<std::borrow::Cow<'_, str>> {
     #[derive(serde::Deserialize)]
     struct Method<'a> {
         #[serde(borrow)]
         method: Option<std::borrow::Cow<'a, str>>,
     }
-    serde_json::from_slice::<Method>(message)
-        .is_ok_and(|m| m.method.as_deref() == Some("initialize"))
+    serde_json::from_slice::<Method>(message).ok()?.method
 }
 
 fn sessions_refused(refused: Refused) -> ApiError {
